@@ -1,0 +1,256 @@
+/* Arenas: span lists per size class, batch refill and flush, large blocks carved from
+ * chunk spans, and the purge that returns empty spans to the OS after a delay.
+ * Every entry point takes the arena lock itself (skipped while single-threaded). */
+#include "arena.h"
+
+#include "options.h"
+
+fm_arena fm_arenas[FM_MAX_ARENAS];
+unsigned fm_arena_count = 1;
+
+static uint8_t span_units[FM_NUM_CLASSES + 1];  /* span length per class */
+static uint64_t span_divisor[FM_NUM_CLASSES + 1];  /* ceil(2^40 / size): exact division */
+
+#define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
+
+void arena_init_all(void) {
+  unsigned cpus = os_cpu_count();
+  fm_arena_count = cpus < FM_MAX_ARENAS ? cpus : FM_MAX_ARENAS;
+  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+    size_t size = fm_class_size[cls];
+    unsigned units = 1;
+    /* The fewest units that waste at most 1/16 of the span. */
+    while (units < 8 && (units * FM_UNIT_SIZE % size) * 16 > units * FM_UNIT_SIZE) units++;
+    span_units[cls] = (uint8_t)units;
+    span_divisor[cls] = (((uint64_t)1 << 40) + size - 1) / size;
+  }
+}
+
+static void span_list_push(fm_span **list, fm_span *span) {
+  span->prev = NULL;
+  span->next = *list;
+  if (*list) (*list)->prev = span;
+  *list = span;
+  span->listed = 1;
+}
+
+static void span_list_remove(fm_span **list, fm_span *span) {
+  if (span->prev) span->prev->next = span->next;
+  else *list = span->next;
+  if (span->next) span->next->prev = span->prev;
+  span->next = span->prev = NULL;
+  span->listed = 0;
+}
+
+static void span_reset(fm_span *span) {
+  span->free = NULL;
+  span->used = 0;
+  span->bump = span_start(span);
+}
+
+/* A fresh span of `units` units from any chunk of the arena, or a new chunk. */
+static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
+  for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
+    if (__builtin_popcountll(chunk->free_units) < (int)units) continue;
+    fm_span *span = chunk_take_span(chunk, units, cls);
+    if (span) return span;
+  }
+  fm_chunk *chunk = chunk_new(arena);
+  if (!chunk) return NULL;
+  chunk->prev = NULL;
+  chunk->next = arena->chunks;
+  if (arena->chunks) arena->chunks->prev = chunk;
+  arena->chunks = chunk;
+  return chunk_take_span(chunk, units, cls);
+}
+
+static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
+  fm_span *span = arena->spare[cls];
+  if (span) {
+    arena->spare[cls] = NULL;
+    span_reset(span);
+  } else {
+    span = arena_take_span(arena, span_units[cls], cls);
+    if (!span) return NULL;
+  }
+  span_list_push(&arena->partial[cls], span);
+  return span;
+}
+
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr_t *chain) {
+  bool threaded = fm_threaded();
+  fm_lock(&arena->lock, threaded);
+  size_t size = fm_class_size[cls];
+  void *head = NULL;
+  unsigned got = 0;
+  while (got < want) {
+    fm_span *span = arena->partial[cls];
+    if (!span && !(span = arena_new_span(arena, cls))) break;
+    unsigned before = got;
+    if (span->free) {
+      /* Move a prefix of the span's list: the links inside it stay valid. */
+      char *first = span->free, *last = first;
+      for (got++; got < want; got++) {
+        void *next = fm_decode(*(uintptr_t *)last);
+        if (!next) break;
+        if (fm_unlikely((uintptr_t)next & 15)) os_fatal("corrupted free list at", last);
+        last = next;
+      }
+      span->free = fm_decode(*(uintptr_t *)last);
+      *(uintptr_t *)last = fm_encode(head);
+      head = first;
+    }
+    size_t fresh = (size_t)(span->end - span->bump) / size;
+    if (fresh > want - got) fresh = want - got;
+    if (fresh) {
+      /* Never-used blocks, linked in address order; only these lines are touched. */
+      char *block = span->bump;
+      for (size_t i = 1; i < fresh; i++, block += size) *(uintptr_t *)block = fm_encode(block + size);
+      *(uintptr_t *)block = fm_encode(head);
+      head = span->bump;
+      span->bump = block + size;
+      got += (unsigned)fresh;
+    }
+    span->used += got - before;
+    if (!span->free && span->bump >= span->end) span_list_remove(&arena->partial[cls], span);
+  }
+  fm_unlock(&arena->lock, threaded);
+  *chain = (uintptr_t)head;
+  return got;
+}
+
+static void arena_span_emptied(fm_arena *arena, fm_span *span) {
+  unsigned cls = span->cls;
+  if (span->listed) span_list_remove(&arena->partial[cls], span);
+  if (!arena->spare[cls]) {
+    span->empty_since = os_now_ns();
+    arena->spare[cls] = span;
+    return;
+  }
+  chunk_give_back_span(span);
+}
+
+static void arena_return_block(fm_arena *arena, fm_span *span, void *p) {
+  unsigned cls = span->cls;
+  size_t offset = (size_t)((char *)p - span_start(span));
+  size_t index = (size_t)((offset * span_divisor[cls]) >> 40);
+  if (fm_unlikely(cls > FM_NUM_CLASSES || index * fm_class_size[cls] != offset ||
+                  (char *)p >= span->bump || span->used == 0))
+    os_fatal("free(): invalid pointer", p);
+  *(uintptr_t *)p = fm_encode(span->free);
+  ((uintptr_t *)p)[1] = fm_key;
+  span->free = p;
+  if (!span->listed) span_list_push(&arena->partial[cls], span);
+  if (--span->used == 0) arena_span_emptied(arena, span);
+}
+
+void arena_free_chain(void *first) {
+  bool threaded = fm_threaded();
+  void *pending = first;
+  while (pending) {
+    /* One pass per owning arena: blocks of other arenas wait for a later pass. */
+    void *block = pending;
+    pending = NULL;
+    fm_arena *arena = span_of(block)->arena;
+    fm_lock(&arena->lock, threaded);
+    while (block) {
+      void *next = fm_decode(*(uintptr_t *)block);
+      fm_span *span = span_of(block);
+      if (span->arena == arena) {
+        arena_return_block(arena, span, block);
+      } else {
+        *(uintptr_t *)block = fm_encode(pending);
+        pending = block;
+      }
+      block = next;
+    }
+    uint64_t now = os_now_ns();
+    if (now >= arena->next_purge_ns) {
+      arena->next_purge_ns = now + fm_options.purge_delay_ns;
+      arena_purge(arena, false);
+    }
+    fm_unlock(&arena->lock, threaded);
+  }
+}
+
+void *arena_alloc_span_large(fm_arena *arena, size_t size) {
+  size_t units = (size + FM_UNIT_SIZE - 1) >> FM_UNIT_SHIFT;
+  if (units > FM_SPAN_LARGE_MAX_UNITS) return NULL;
+  bool threaded = fm_threaded();
+  fm_lock(&arena->lock, threaded);
+  fm_span *span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
+  if (span) span->used = 1;
+  fm_unlock(&arena->lock, threaded);
+  return span ? span_start(span) : NULL;
+}
+
+void arena_free_span_large(void *p) {
+  fm_span *span = span_of(p);
+  if (fm_unlikely(p != span_start(span) || span->used != 1)) os_fatal("free(): invalid pointer", p);
+  fm_arena *arena = span->arena;
+  bool threaded = fm_threaded();
+  fm_lock(&arena->lock, threaded);
+  span->used = 0;
+  chunk_give_back_span(span);
+  fm_unlock(&arena->lock, threaded);
+}
+
+size_t arena_span_large_size(const void *p) { return span_bytes(span_of(p)); }
+
+bool arena_span_holds_free(void *p) {
+  fm_span *span = span_of(p);
+  fm_arena *arena = span->arena;
+  bool threaded = fm_threaded();
+  bool found = false;
+  fm_lock(&arena->lock, threaded);
+  size_t limit = span_bytes(span) / 16;
+  for (void *b = span->free; b && limit--; b = fm_decode(*(uintptr_t *)b)) {
+    if (b == p) {
+      found = true;
+      break;
+    }
+  }
+  fm_unlock(&arena->lock, threaded);
+  return found;
+}
+
+size_t arena_purge(fm_arena *arena, bool force) {
+  size_t released = 0;
+  uint64_t now = os_now_ns();
+  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+    fm_span *span = arena->spare[cls];
+    if (span && (force || now - span->empty_since >= fm_options.purge_delay_ns)) {
+      arena->spare[cls] = NULL;
+      chunk_give_back_span(span);
+    }
+  }
+  bool kept_empty = false;
+  for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {
+    next = chunk->next;
+    if (chunk->free_units == FM_CHUNK_ALL_UNITS && (kept_empty || force)) {
+      /* A second empty chunk goes back whole; the first stays as a purged reserve. */
+      if (chunk->prev) chunk->prev->next = chunk->next;
+      else arena->chunks = chunk->next;
+      if (chunk->next) chunk->next->prev = chunk->prev;
+      released += (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
+      fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
+      chunk_delete(chunk);
+      continue;
+    }
+    if (chunk->free_units == FM_CHUNK_ALL_UNITS) kept_empty = true;
+    released += chunk_purge(chunk);
+  }
+  return released;
+}
+
+void arena_lock_all(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock(&fm_arenas[i].lock, true);
+}
+
+void arena_unlock_all(void) {
+  for (unsigned i = fm_arena_count; i-- > 0;) fm_unlock(&fm_arenas[i].lock, true);
+}
+
+void arena_reset_locks(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock_init(&fm_arenas[i].lock);
+}

@@ -1,0 +1,49 @@
+/* Arenas: about one per CPU, each with a lock, its chunks and, per size class, the spans
+ * that still have free blocks. Thread caches refill and flush whole batches here, so one
+ * lock acquisition moves many blocks; the lock is skipped while single-threaded. */
+#ifndef FM_ARENA_H
+#define FM_ARENA_H
+
+#include "chunk.h"
+#include "sync.h"
+
+#define FM_MAX_ARENAS 64
+
+typedef struct fm_arena {
+  fm_lock_t lock;
+  fm_span *partial[FM_NUM_CLASSES + 1];   /* spans with a free block, per class */
+  fm_span *spare[FM_NUM_CLASSES + 1];     /* one empty span kept per class */
+  fm_chunk *chunks;
+  uint64_t next_purge_ns;                  /* when spare spans are next checked */
+} __attribute__((aligned(64))) fm_arena;
+
+extern fm_hidden fm_arena fm_arenas[FM_MAX_ARENAS];
+extern fm_hidden unsigned fm_arena_count;
+
+void arena_init_all(void);
+
+/* Takes up to `want` blocks of class cls; returns how many, chained (encoded) in *chain
+ * with the last block's link encoding NULL. 0 means out of memory. */
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr_t *chain);
+
+/* Gives back the blocks chained from first (encoded links, NULL-terminated), each to the arena that
+ * owns it: one lock acquisition per owning arena, however they are mixed. */
+void arena_free_chain(void *first);
+
+/* One block of size > FM_SMALL_MAX as a whole span, when it fits in a chunk; NULL else. */
+void *arena_alloc_span_large(fm_arena *arena, size_t size);
+void arena_free_span_large(void *p);
+size_t arena_span_large_size(const void *p);
+
+/* Searches the span of p's free list for p (double-free confirmation). */
+bool arena_span_holds_free(void *p);
+
+/* Returns the memory of empty spans to the OS: all of it when force, else only what has
+ * stayed empty longer than the purge delay. Returns bytes released. */
+size_t arena_purge(fm_arena *arena, bool force);
+
+void arena_lock_all(void);
+void arena_unlock_all(void);
+void arena_reset_locks(void);
+
+#endif

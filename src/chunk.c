@@ -1,0 +1,116 @@
+/* Chunks from the OS, split into spans of whole units, and the unit map that answers
+ * "whose is this pointer, and of which class" in one load. No locking here: every
+ * function runs under the lock of the arena that owns the chunk. */
+#include "chunk.h"
+
+#include <stdatomic.h>
+
+#include "os.h"
+
+#define FM_UNIT_MAP_BYTES ((size_t)1 << (FM_ADDRESS_BITS - FM_UNIT_SHIFT))
+#define FM_UNIT_MAP_PAGES (FM_UNIT_MAP_BYTES / FM_PAGE_SIZE)
+
+static const uint8_t fm_unit_map_boot[1];
+const uint8_t *fm_unit_map = fm_unit_map_boot;
+uintptr_t fm_key;
+
+/* Which pages of the unit map have been made writable (one bit a page). */
+static _Atomic uint64_t fm_unit_map_writable[FM_UNIT_MAP_PAGES / 64];
+
+bool fm_unit_map_init(void) {
+  void *map = os_reserve_readonly(FM_UNIT_MAP_BYTES);
+  if (!map) return false;
+  fm_unit_map = map;
+  return true;
+}
+
+bool fm_unit_map_set(const void *start, size_t size, uint8_t cls) {
+  size_t first = (uintptr_t)start >> FM_UNIT_SHIFT;
+  size_t last = ((uintptr_t)start + size - 1) >> FM_UNIT_SHIFT;
+  for (size_t page = first / FM_PAGE_SIZE; page <= last / FM_PAGE_SIZE; page++) {
+    uint64_t bit = (uint64_t)1 << (page % 64);
+    if (atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_acquire) & bit)
+      continue;
+    if (!os_make_writable((void *)(fm_unit_map + page * FM_PAGE_SIZE), FM_PAGE_SIZE))
+      return false;
+    atomic_fetch_or_explicit(&fm_unit_map_writable[page / 64], bit, memory_order_release);
+  }
+  uint8_t *map = (uint8_t *)fm_unit_map;
+  for (size_t u = first; u <= last; u++) map[u] = cls;
+  return true;
+}
+
+fm_chunk *chunk_new(struct fm_arena *arena) {
+  fm_chunk *chunk = os_map_aligned(FM_CHUNK_SIZE, FM_CHUNK_SIZE);
+  if (!chunk) return NULL;
+  /* Commit the unit-map page now so span set-up cannot fail later. */
+  if (!fm_unit_map_set(chunk, FM_UNIT_SIZE, 0)) {
+    os_unmap(chunk, FM_CHUNK_SIZE);
+    return NULL;
+  }
+  chunk->arena = arena;
+  chunk->free_units = FM_CHUNK_ALL_UNITS;
+  chunk->dirty_units = 0;
+  return chunk;
+}
+
+void chunk_delete(fm_chunk *chunk) {
+  fm_assert(chunk->free_units == FM_CHUNK_ALL_UNITS);
+  os_unmap(chunk, FM_CHUNK_SIZE);
+}
+
+/* Lowest run of `units` set bits in mask, or -1. */
+static int find_run(uint64_t mask, unsigned units) {
+  uint64_t run = mask;
+  for (unsigned i = 1; i < units && run; i++) run &= mask >> i;
+  return run ? __builtin_ctzll(run) : -1;
+}
+
+fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
+  /* Prefer units that are still resident: no page faults, no RSS growth. */
+  int first = find_run(chunk->free_units & chunk->dirty_units, units);
+  if (first < 0) first = find_run(chunk->free_units, units);
+  if (first < 0) return NULL;
+  uint64_t bits = (units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << units) - 1)) << first;
+  chunk->free_units &= ~bits;
+  chunk->dirty_units &= ~bits;
+  for (unsigned u = (unsigned)first; u < (unsigned)first + units; u++) chunk->head_of[u] = (uint8_t)first;
+  fm_span *span = &chunk->spans[first];
+  span->units = (uint8_t)units;
+  span->cls = (uint16_t)cls;
+  span->arena = chunk->arena;
+  span->listed = 0;
+  span->used = 0;
+  span->free = 0;
+  span->next = span->prev = NULL;
+  span->bump = span_start(span);
+  size_t block = fm_class_size[cls] ? fm_class_size[cls] : span_bytes(span);
+  span->end = span->bump + span_bytes(span) / block * block;
+  fm_unit_map_set(span->bump, span_bytes(span), (uint8_t)cls);
+  return span;
+}
+
+void chunk_give_back_span(fm_span *span) {
+  fm_chunk *chunk = chunk_of(span);
+  unsigned first = (unsigned)(span - chunk->spans);
+  uint64_t bits = (span->units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << span->units) - 1)) << first;
+  fm_unit_map_set(span_start(span), span_bytes(span), 0);
+  chunk->free_units |= bits;
+  chunk->dirty_units |= bits;
+}
+
+size_t chunk_purge(fm_chunk *chunk) {
+  size_t purged = 0;
+  uint64_t dirty = chunk->dirty_units & chunk->free_units;
+  while (dirty) {
+    unsigned first = (unsigned)__builtin_ctzll(dirty);
+    unsigned len = (unsigned)__builtin_ctzll(~(dirty >> first));  /* run length */
+    if (first + len > 64) len = 64 - first;
+    os_purge((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE);
+    purged += (size_t)len * FM_UNIT_SIZE;
+    uint64_t bits = (len == 64 ? ~(uint64_t)0 : (((uint64_t)1 << len) - 1)) << first;
+    dirty &= ~bits;
+  }
+  chunk->dirty_units &= ~chunk->free_units;
+  return purged;
+}

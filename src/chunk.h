@@ -1,0 +1,77 @@
+/* Chunks, spans and the unit map. A chunk is FM_CHUNK_SIZE of memory aligned to its size;
+ * unit 0 holds its metadata, the other units are grouped into spans. The unit map holds
+ * one byte per 64 KiB unit of the address space: the size class of the span there, a
+ * large marker, or 0 for "not ours". Callers hold the owning arena's lock. */
+#ifndef FM_CHUNK_H
+#define FM_CHUNK_H
+
+#include "size_class.h"
+
+struct fm_arena;
+
+typedef struct fm_span {
+  void *free;              /* blocks given back to the span (links encoded) */
+  char *bump;              /* next never-used block */
+  char *end;               /* end of the last whole block */
+  uint32_t used;           /* blocks out of the span: in thread caches or with the user */
+  uint16_t cls;            /* size class, or FM_CLASS_SPAN_LARGE */
+  uint8_t units;           /* length in units */
+  uint8_t listed;          /* on its arena's partial list */
+  struct fm_arena *arena;
+  struct fm_span *next, *prev;
+  uint64_t empty_since;    /* for spare spans: when it became empty (purge delay) */
+} fm_span;
+
+typedef struct fm_chunk {
+  struct fm_arena *arena;
+  struct fm_chunk *next, *prev;
+  uint64_t free_units;     /* bit u: unit u belongs to no span */
+  uint64_t dirty_units;    /* bit u: a free unit whose pages may still be resident */
+  uint8_t head_of[FM_UNITS_PER_CHUNK];   /* unit -> first unit of its span */
+  fm_span spans[FM_UNITS_PER_CHUNK];     /* valid at each span's first unit */
+} fm_chunk;
+
+#define FM_CHUNK_ALL_UNITS (~(uint64_t)1)  /* unit 0 is the metadata */
+
+/* The unit map; before fm_unit_map_init it points at a single zero byte, so free(NULL)
+ * works from the first instruction of the process. */
+extern fm_hidden const uint8_t *fm_unit_map;
+extern fm_hidden uintptr_t fm_key;   /* per-process random key: free-list encoding, double-free mark */
+
+bool fm_unit_map_init(void);
+bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);
+
+static fm_always_inline unsigned fm_unit_class(const void *p) {
+  return fm_unit_map[(uintptr_t)p >> FM_UNIT_SHIFT];
+}
+
+static inline fm_chunk *chunk_of(const void *p) {
+  return (fm_chunk *)((uintptr_t)p & ~(uintptr_t)(FM_CHUNK_SIZE - 1));
+}
+
+static inline fm_span *span_of(const void *p) {
+  fm_chunk *chunk = chunk_of(p);
+  unsigned unit = (unsigned)((uintptr_t)p >> FM_UNIT_SHIFT) & (FM_UNITS_PER_CHUNK - 1);
+  return &chunk->spans[chunk->head_of[unit]];
+}
+
+static inline char *span_start(const fm_span *span) {
+  fm_chunk *chunk = chunk_of(span);
+  return (char *)chunk + (size_t)(span - chunk->spans) * FM_UNIT_SIZE;
+}
+
+static inline size_t span_bytes(const fm_span *span) { return (size_t)span->units * FM_UNIT_SIZE; }
+
+/* Free lists are stored encoded, so a stray write into a free block is caught on pop. */
+static fm_always_inline uintptr_t fm_encode(const void *next) { return (uintptr_t)next ^ fm_key; }
+static fm_always_inline void *fm_decode(uintptr_t stored) { return (void *)(stored ^ fm_key); }
+
+fm_chunk *chunk_new(struct fm_arena *arena);
+void chunk_delete(fm_chunk *chunk);
+/* A span of `units` free units of chunk, or NULL; unit-map entries are set to cls. */
+fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls);
+void chunk_give_back_span(fm_span *span);
+/* Purges free units of chunk that may be resident; returns bytes purged. */
+size_t chunk_purge(fm_chunk *chunk);
+
+#endif

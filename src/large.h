@@ -1,0 +1,21 @@
+/* Large blocks in mappings of their own (above what chunk spans serve), with a small
+ * header before the block, mremap for realloc, and a short-lived cache of freed mappings
+ * so a malloc/free loop of one big size makes no system call. */
+#ifndef FM_LARGE_H
+#define FM_LARGE_H
+
+#include "config.h"
+
+/* A block of size bytes aligned to align (0: 64); *fresh says it is zero-filled. */
+void *large_alloc(size_t size, size_t align, bool *fresh);
+void large_free(void *p);
+size_t large_usable_size(const void *p);
+/* Resizes in place or moves with mremap; NULL (p untouched) when that cannot be done. */
+void *large_realloc(void *p, size_t size);
+size_t large_trim(void);
+
+void large_lock_all(void);
+void large_unlock_all(void);
+void large_reset_locks(void);
+
+#endif

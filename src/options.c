@@ -1,0 +1,37 @@
+/* Parsing of the FASTMALLOC_* environment variables listed in options.h. */
+#include "options.h"
+
+#include "os.h"
+
+fm_options_t fm_options = {
+    .purge_delay_ns = 10ull * 1000 * 1000,
+    .tcache_max_bytes = (size_t)2 << 20,
+};
+
+/* "123", "64K", "2M", "1G": returns false on anything else. */
+static bool parse_size(const char *text, uint64_t *out) {
+  if (!text || !*text) return false;
+  uint64_t value = 0;
+  for (; *text >= '0' && *text <= '9'; text++) {
+    if (value > (UINT64_MAX - 9) / 10) return false;
+    value = value * 10 + (uint64_t)(*text - '0');
+  }
+  unsigned shift = 0;
+  switch (*text) {
+    case 0: break;
+    case 'k': case 'K': shift = 10; text++; break;
+    case 'm': case 'M': shift = 20; text++; break;
+    case 'g': case 'G': shift = 30; text++; break;
+    default: return false;
+  }
+  if (*text || (shift && value > (UINT64_MAX >> shift))) return false;
+  *out = value << shift;
+  return true;
+}
+
+void fm_options_init(void) {
+  uint64_t value;
+  if (parse_size(os_getenv("FASTMALLOC_PURGE_DELAY_MS"), &value) && value < UINT64_MAX / 1000000)
+    fm_options.purge_delay_ns = value * 1000000;
+  if (parse_size(os_getenv("FASTMALLOC_TCACHE_MAX"), &value)) fm_options.tcache_max_bytes = value;
+}

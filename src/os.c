@@ -1,0 +1,196 @@
+/* Every call into the kernel: mappings, purging, time, randomness, futexes and the one
+ * line printed on fatal misuse. Uses raw system calls or libc wrappers that never
+ * allocate; keeps a count of mapped bytes for fm_mapped_bytes(). */
+#include "os.h"
+#include "sync.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static _Atomic size_t os_mapped;
+
+static void *os_mmap(void *hint, size_t size, int prot, int flags) {
+  void *p = mmap(hint, size, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void *os_map(size_t size) {
+  void *p = os_mmap(NULL, size, PROT_READ | PROT_WRITE, 0);
+  if (p) os_mapped += size;
+  return p;
+}
+
+/* Over-maps by the alignment, then trims both ends: at most three system calls. */
+static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
+  if (size + align < size) return NULL;
+  char *raw = os_mmap(NULL, size + align, prot, flags);
+  if (!raw) return NULL;
+  char *start = (char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+  if (start > raw) munmap(raw, (size_t)(start - raw));
+  char *end = raw + size + align;
+  if (end > start + size) munmap(start + size, (size_t)(end - (start + size)));
+  return start;
+}
+
+void *os_map_aligned(size_t size, size_t align) {
+  void *p = os_mmap_aligned(size, align, PROT_READ | PROT_WRITE, 0);
+  if (p) os_mapped += size;
+  return p;
+}
+
+void *os_reserve_aligned(size_t size, size_t align) {
+  return os_mmap_aligned(size, align, PROT_NONE, MAP_NORESERVE);
+}
+
+void os_release_reservation(void *addr, size_t size) { munmap(addr, size); }
+
+void *os_reserve_readonly(size_t size) {
+  /* A private read-only mapping is not charged against the commit limit, even under
+   * strict overcommit; pages become writable (and charged) by os_make_writable(). */
+  return os_mmap(NULL, size, PROT_READ, MAP_NORESERVE);
+}
+
+bool os_make_writable(void *addr, size_t size) {
+  uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(FM_PAGE_SIZE - 1);
+  uintptr_t end = ((uintptr_t)addr + size + FM_PAGE_SIZE - 1) & ~(uintptr_t)(FM_PAGE_SIZE - 1);
+  return mprotect((void *)start, end - start, PROT_READ | PROT_WRITE) == 0;
+}
+
+void os_unmap(void *addr, size_t size) {
+  munmap(addr, size);
+  os_mapped -= size;
+}
+
+void os_purge(void *addr, size_t size) { madvise(addr, size, MADV_DONTNEED); }
+
+void *os_remap(void *addr, size_t old_size, size_t new_size, void *dest) {
+  void *p = dest ? mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest)
+                 : mremap(addr, old_size, new_size, 0);
+  if (p == MAP_FAILED) return NULL;
+  os_mapped += new_size - old_size;   /* modular arithmetic: shrinking works too */
+  return p;
+}
+
+size_t os_mapped_bytes(void) { return os_mapped; }
+
+unsigned os_cpu_count(void) {
+  cpu_set_t set;
+  /* The raw system call: glibc's wrapper may allocate for large CPU sets. */
+  long n = syscall(SYS_sched_getaffinity, 0, sizeof set, &set);
+  if (n <= 0) return 1;
+  unsigned count = 0;
+  const unsigned char *bytes = (const unsigned char *)&set;
+  for (long i = 0; i < n; i++) count += (unsigned)__builtin_popcount(bytes[i]);
+  return count ? count : 1;
+}
+
+uint64_t os_random64(void) {
+  uint64_t value = 0;
+  if (syscall(SYS_getrandom, &value, sizeof value, GRND_NONBLOCK) != (long)sizeof value) {
+    /* No entropy yet (early boot): mix the clock and addresses, still per process. */
+    value = os_now_ns() ^ ((uintptr_t)&value * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid() << 32;
+  }
+  return value;
+}
+
+uint64_t os_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *os_getenv(const char *name) {
+  size_t len = strlen(name);
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
+  }
+  return NULL;
+}
+
+void os_futex_wait(int *addr, int expected) {
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+void os_futex_wake_one(int *addr) {
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+void fm_lock_contended(fm_lock_t *lock) {
+  for (int spin = 0; spin < 100; spin++) {
+    int expected = 0;
+    if (atomic_load_explicit(&lock->state, memory_order_relaxed) == 0 &&
+        atomic_compare_exchange_weak_explicit(&lock->state, &expected, 1, memory_order_acquire,
+                                              memory_order_relaxed))
+      return;
+    __builtin_ia32_pause();
+  }
+  /* Mark the lock contended; whoever unlocks it then wakes one waiter. */
+  while (atomic_exchange_explicit(&lock->state, 2, memory_order_acquire) != 0)
+    os_futex_wait((int *)&lock->state, 2);
+}
+
+char *os_format_u64(char *out, uint64_t value, unsigned base) {
+  char digits[24];
+  int n = 0;
+  do {
+    digits[n++] = "0123456789abcdef"[value % base];
+    value /= base;
+  } while (value);
+  while (n) *out++ = digits[--n];
+  return out;
+}
+
+void os_write_stderr(const char *text) {
+  size_t len = strlen(text);
+  while (len) {
+    ssize_t w = write(STDERR_FILENO, text, len);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      return;
+    }
+    text += w;
+    len -= (size_t)w;
+  }
+}
+
+void os_fatal(const char *what, const void *ptr) {
+  char line[160];
+  char *p = line;
+  const char *prefix = "fastmalloc: ";
+  size_t room = sizeof line - 24;
+  for (const char *s = prefix; *s; s++) *p++ = *s;
+  for (const char *s = what; *s && (size_t)(p - line) < room; s++) *p++ = *s;
+  if (ptr) {
+    *p++ = ' ';
+    *p++ = '0';
+    *p++ = 'x';
+    p = os_format_u64(p, (uintptr_t)ptr, 16);
+  }
+  *p++ = '\n';
+  *p = 0;
+  os_write_stderr(line);
+  abort();
+}
+
+void fm_assert_fail(const char *what, const char *file, int line) {
+  char buf[32];
+  *os_format_u64(buf, (uint64_t)line, 10) = 0;
+  os_write_stderr("fastmalloc: assertion failed: ");
+  os_write_stderr(what);
+  os_write_stderr(" at ");
+  os_write_stderr(file);
+  os_write_stderr(":");
+  os_write_stderr(buf);
+  os_write_stderr("\n");
+  abort();
+}

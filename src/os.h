@@ -1,0 +1,33 @@
+/* The boundary to the kernel: every system call the allocator makes is behind these
+ * functions, implemented in os.c. None of them allocates. */
+#ifndef FM_OS_H
+#define FM_OS_H
+
+#include "config.h"
+
+void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
+void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
+void *os_reserve_readonly(size_t size);           /* zero pages, readable, no commit charge */
+void *os_reserve_aligned(size_t size, size_t align); /* inaccessible, a target for os_remap */
+void os_release_reservation(void *addr, size_t size);
+bool os_make_writable(void *addr, size_t size);
+void os_unmap(void *addr, size_t size);
+void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */
+/* Grows or shrinks a mapping; with dest != NULL moves it there (dest's range is replaced). */
+void *os_remap(void *addr, size_t old_size, size_t new_size, void *dest);
+size_t os_mapped_bytes(void);
+
+unsigned os_cpu_count(void);
+uint64_t os_random64(void);
+uint64_t os_now_ns(void);
+const char *os_getenv(const char *name);          /* reads environ; never allocates */
+
+void os_futex_wait(int *addr, int expected);
+void os_futex_wake_one(int *addr);
+
+/* Prints "fastmalloc: <what> 0x<ptr>" (ptr omitted when NULL) to stderr and aborts. */
+__attribute__((noreturn, cold)) void os_fatal(const char *what, const void *ptr);
+void os_write_stderr(const char *text);
+char *os_format_u64(char *out, uint64_t value, unsigned base);  /* returns end of text */
+
+#endif

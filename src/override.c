@@ -1,0 +1,236 @@
+/* The exported C heap API: malloc and free are the inline fast paths of tcache.h compiled
+ * in place; the rest are thin shells over the internal layers. Every other exported name
+ * (__libc_*, fm_*, and the globals of glibc's malloc.o, so a static link never pulls
+ * glibc's malloc in beside this one) is an alias of these definitions. */
+#include <errno.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fastmalloc.h"
+#include "large.h"
+#include "tcache.h"
+
+/* Aliases share the code, not glibc's declaration attributes, which is all we want. */
+#pragma GCC diagnostic ignored "-Wmissing-attributes"
+#define FM_ALIAS(name) __attribute__((alias(#name), used, visibility("default")))
+
+fm_api void *malloc(size_t size) { return tcache_malloc(size); }
+
+fm_api void free(void *p) { tcache_free(p); }
+
+/* size > FM_SMALL_MAX: a chunk span up to 1 MiB, else a mapping of its own. */
+static void *malloc_large(size_t size, bool zero) {
+  if (size > PTRDIFF_MAX || !fm_init()) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  void *p = arena_alloc_span_large(tcache_arena(), size);
+  bool fresh = false;
+  if (!p) p = large_alloc(size, 0, &fresh);
+  if (!p) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (zero && !fresh) memset(p, 0, size);
+  return p;
+}
+
+void *fm_malloc_large(size_t size) { return malloc_large(size, false); }
+
+fm_api void *calloc(size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (total > FM_SMALL_MAX) return malloc_large(total, true);
+  void *p = tcache_malloc(total);
+  if (fm_likely(p != NULL)) memset(p, 0, total);
+  return p;
+}
+
+/* Bytes usable in block p (non-NULL); fatal for a pointer that is not ours. */
+static size_t usable_size(void *p, const char *op) {
+  unsigned cls = fm_unit_class(p);
+  if (fm_likely(cls - 1 < FM_NUM_CLASSES)) return fm_class_size[cls];
+  if (cls == FM_CLASS_SPAN_LARGE) return arena_span_large_size(p);
+  if (cls == FM_CLASS_MAPPED) return large_usable_size(p);
+  os_fatal(op, p);
+}
+
+fm_api void *realloc(void *p, size_t size) {
+  if (!p) return tcache_malloc(size);
+  if (size == 0) {
+    tcache_free(p);
+    return NULL;
+  }
+  size_t old = usable_size(p, "realloc(): invalid pointer");
+  /* Keep the block when the new size fits and wastes no more than half of it. */
+  if (size <= old && size > old / 2) return p;
+  if (size > old && fm_unit_class(p) == FM_CLASS_MAPPED && size <= PTRDIFF_MAX) {
+    void *moved = large_realloc(p, size);
+    if (moved) return moved;
+  }
+  void *q = tcache_malloc(size);
+  if (!q) return NULL;
+  memcpy(q, p, size < old ? size : old);
+  tcache_free(p);
+  return q;
+}
+
+fm_api void *reallocarray(void *p, size_t count, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(count, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return realloc(p, total);
+}
+
+/* align: a power of two. Small aligned blocks come from a size class whose blocks are
+ * all aligned; up to 64 KiB alignment a chunk span; beyond, an aligned mapping. */
+static void *aligned_block(size_t align, size_t size) {
+  if (align <= 16) return tcache_malloc(size);
+  if (size > PTRDIFF_MAX || !fm_init()) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  unsigned cls = fm_size_class_aligned(size, align);
+  if (cls) return tcache_malloc(fm_class_size[cls]);
+  void *p = NULL;
+  if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(tcache_arena(), size < align ? align : size);
+  bool fresh;
+  if (!p) p = large_alloc(size, align, &fresh);
+  if (!p) errno = ENOMEM;
+  return p;
+}
+
+/* glibc 2.36 memalign/aligned_alloc: any alignment, rounded up to a power of two. */
+fm_api void *memalign(size_t align, size_t size) {
+  if (align > SIZE_MAX / 2 + 1) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (align & (align - 1)) align = (size_t)1 << (64 - __builtin_clzll(align));
+  return aligned_block(align, size);
+}
+
+fm_api int posix_memalign(void **out, size_t align, size_t size) {
+  if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
+  int saved = errno;
+  void *p = aligned_block(align, size);
+  if (!p) {
+    errno = saved;
+    return ENOMEM;
+  }
+  *out = p;
+  return 0;
+}
+
+fm_api void *valloc(size_t size) { return aligned_block(FM_PAGE_SIZE, size); }
+
+fm_api void *pvalloc(size_t size) {
+  if (size > SIZE_MAX - FM_PAGE_SIZE) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return aligned_block(FM_PAGE_SIZE, (size + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1));
+}
+
+fm_api size_t malloc_usable_size(void *p) {
+  return p ? usable_size(p, "malloc_usable_size(): invalid pointer") : 0;
+}
+
+fm_api int malloc_trim(size_t pad) { return tcache_trim() > 0; }
+
+fm_api int mallopt(int param, int value) { return 1; }   /* accepted; nothing to tune */
+
+fm_api struct mallinfo2 mallinfo2(void) {
+  struct mallinfo2 info = {0};
+  info.arena = os_mapped_bytes();
+  return info;
+}
+
+fm_api struct mallinfo mallinfo(void) {
+  struct mallinfo info = {0};
+  size_t mapped = os_mapped_bytes();
+  info.arena = mapped > INT32_MAX ? INT32_MAX : (int)mapped;
+  return info;
+}
+
+fm_api void malloc_stats(void) {
+  char line[64], *end = line;
+  for (const char *s = "fastmalloc: mapped bytes = "; *s; s++) *end++ = *s;
+  end = os_format_u64(end, os_mapped_bytes(), 10);
+  *end++ = '\n';
+  *end = 0;
+  os_write_stderr(line);
+}
+
+/* The caller's stream may allocate its buffer: that re-enters malloc outside any lock. */
+fm_api int malloc_info(int options, FILE *stream) {
+  if (options != 0) return EINVAL;
+  char text[128], *end = text;
+  for (const char *s = "<malloc version=\"fastmalloc-1\">\n<system type=\"current\" size=\""; *s; s++)
+    *end++ = *s;
+  end = os_format_u64(end, os_mapped_bytes(), 10);
+  for (const char *s = "\"/>\n</malloc>\n"; *s; s++) *end++ = *s;
+  *end = 0;
+  return fputs(text, stream) < 0 ? -1 : 0;
+}
+
+/* Hooks glibc's static fork and thread exit call in its own malloc: ours are installed
+ * with pthread_atfork and a thread key instead. */
+fm_api void __malloc_fork_lock_parent(void) {}
+fm_api void __malloc_fork_unlock_parent(void) {}
+fm_api void __malloc_fork_unlock_child(void) {}
+fm_api void __malloc_arena_thread_freeres(void) {}
+fm_api void *__glibc_morecore(ptrdiff_t increment) { return NULL; }
+
+/* The public extras. */
+fm_api const char *fm_version(void) { return FASTMALLOC_VERSION_STRING; }
+
+fm_api int fm_owns(const void *p) {
+  return fm_init() && p && fm_unit_class(p) != 0;
+}
+
+fm_api size_t fm_mapped_bytes(void) { return os_mapped_bytes(); }
+
+fm_api int fm_trim(void) { return tcache_trim() > 0; }
+
+fm_api void *aligned_alloc(size_t align, size_t size) FM_ALIAS(memalign);
+fm_api void cfree(void *p) FM_ALIAS(free);
+
+void *__libc_malloc(size_t) FM_ALIAS(malloc);
+void *__malloc(size_t) FM_ALIAS(malloc);
+void *fm_malloc(size_t) FM_ALIAS(malloc);
+void __libc_free(void *) FM_ALIAS(free);
+void __free(void *) FM_ALIAS(free);
+void fm_free(void *) FM_ALIAS(free);
+void *__libc_calloc(size_t, size_t) FM_ALIAS(calloc);
+void *__calloc(size_t, size_t) FM_ALIAS(calloc);
+void *fm_calloc(size_t, size_t) FM_ALIAS(calloc);
+void *__libc_realloc(void *, size_t) FM_ALIAS(realloc);
+void *__realloc(void *, size_t) FM_ALIAS(realloc);
+void *fm_realloc(void *, size_t) FM_ALIAS(realloc);
+void *__libc_memalign(size_t, size_t) FM_ALIAS(memalign);
+void *__memalign(size_t, size_t) FM_ALIAS(memalign);
+void *fm_aligned_alloc(size_t, size_t) FM_ALIAS(memalign);
+int __posix_memalign(void **, size_t, size_t) FM_ALIAS(posix_memalign);
+int fm_posix_memalign(void **, size_t, size_t) FM_ALIAS(posix_memalign);
+void *__libc_valloc(size_t) FM_ALIAS(valloc);
+void *__valloc(size_t) FM_ALIAS(valloc);
+void *__libc_pvalloc(size_t) FM_ALIAS(pvalloc);
+void *__pvalloc(size_t) FM_ALIAS(pvalloc);
+size_t __malloc_usable_size(void *) FM_ALIAS(malloc_usable_size);
+size_t fm_malloc_usable_size(void *) FM_ALIAS(malloc_usable_size);
+int __malloc_trim(size_t) FM_ALIAS(malloc_trim);
+int __libc_mallopt(int, int) FM_ALIAS(mallopt);
+int __mallopt(int, int) FM_ALIAS(mallopt);
+struct mallinfo2 __libc_mallinfo2(void) FM_ALIAS(mallinfo2);
+struct mallinfo2 __mallinfo2(void) FM_ALIAS(mallinfo2);
+struct mallinfo __libc_mallinfo(void) FM_ALIAS(mallinfo);
+struct mallinfo __mallinfo(void) FM_ALIAS(mallinfo);
+void __malloc_stats(void) FM_ALIAS(malloc_stats);
+int __malloc_info(int, FILE *) FM_ALIAS(malloc_info);

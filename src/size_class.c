@@ -1,0 +1,38 @@
+/* The size-class tables: block size per class, and class per 16-byte granule of a
+ * request. The granule table is derived from fm_size_class_formula at start-up. */
+#include "size_class.h"
+
+uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
+
+/* Class c >= 9 is 2^b + (k + 1) * 2^(b - 2) with b = 7 + (c - 9) / 4, k = (c - 9) % 4. */
+#define FM_GEOMETRIC(c) \
+  ((1u << (7 + ((c) - 9) / 4)) + (((c) - 9) % 4 + 1) * (1u << (5 + ((c) - 9) / 4)))
+#define FM_ROW4(c) FM_GEOMETRIC(c), FM_GEOMETRIC(c + 1), FM_GEOMETRIC(c + 2), FM_GEOMETRIC(c + 3)
+
+const uint32_t fm_class_size[FM_BINS] = {
+    0,   16,  32,  48,  64,  80,  96,  112, 128,
+    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21),
+    FM_ROW4(25), FM_ROW4(29), FM_ROW4(33), FM_ROW4(37),
+    0, 0, /* the large markers */
+};
+_Static_assert(FM_GEOMETRIC(FM_NUM_CLASSES) == FM_SMALL_MAX, "last class is FM_SMALL_MAX");
+
+void fm_size_class_init(void) {
+  for (size_t g = 0; g <= FM_SMALL_MAX >> 4; g++) {
+    unsigned cls = fm_size_class_formula(g << 4);
+    fm_assert(cls >= 1 && cls <= FM_NUM_CLASSES && fm_class_size[cls] >= (g << 4));
+    fm_assert(cls == 1 || fm_class_size[cls - 1] < (g << 4));
+    fm_class_of_granule[g] = (uint8_t)cls;
+  }
+}
+
+unsigned fm_size_class_aligned(size_t size, size_t align) {
+  if (size > FM_SMALL_MAX || align > FM_SMALL_MAX) return 0;
+  /* Spans start 64 KiB aligned, so a class whose size is a multiple of align has
+   * every block aligned; a power-of-two class always qualifies. */
+  for (unsigned cls = fm_size_class_formula(size < align ? align : size);
+       cls <= FM_NUM_CLASSES; cls++) {
+    if (fm_class_size[cls] % align == 0) return cls;
+  }
+  return 0;
+}

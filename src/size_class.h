@@ -1,0 +1,41 @@
+/* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 32 KiB.
+ * Class 0 and the two large markers are never cached: the unit map stores them for
+ * "not ours", "large block in a chunk span" and "large block in its own mapping", and
+ * their tcache bins are always full, so free() reaches its slow path without a test. */
+#ifndef FM_SIZE_CLASS_H
+#define FM_SIZE_CLASS_H
+
+#include "config.h"
+
+#define FM_SMALL_MAX 32768u                   /* largest size served by a size class */
+#define FM_NUM_CLASSES 40                     /* real classes: 1 .. FM_NUM_CLASSES */
+#define FM_CLASS_SPAN_LARGE (FM_NUM_CLASSES + 1)  /* unit-map marker: one block per span */
+#define FM_CLASS_MAPPED (FM_NUM_CLASSES + 2)      /* unit-map marker: its own mapping */
+#define FM_BINS (FM_NUM_CLASSES + 3)              /* tcache bins, markers included */
+
+/* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
+ * first block is handed out (until then it reads 0, whose bin is always empty). */
+extern fm_hidden uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
+extern fm_hidden const uint32_t fm_class_size[FM_BINS];
+
+/* Class for size <= FM_SMALL_MAX by table: one load. */
+static fm_always_inline unsigned fm_size_class(size_t size) {
+  return fm_class_of_granule[(size + 15) >> 4];
+}
+
+/* The same answer computed from the definition; the table is checked against it. */
+static inline unsigned fm_size_class_formula(size_t size) {
+  if (size <= 128) return size <= 16 ? 1 : (unsigned)((size + 15) >> 4);
+  size_t m = size - 1;
+  unsigned b = 63u - (unsigned)__builtin_clzll(m);      /* 2^b <= m < 2^(b+1), b >= 7 */
+  unsigned k = (unsigned)((m - ((size_t)1 << b)) >> (b - 2));
+  return 9 + (b - 7) * 4 + k;
+}
+
+/* Smallest class whose blocks are all aligned to `align` (a power of two <= 32 KiB)
+ * and hold `size` bytes, or 0 when no class does. */
+unsigned fm_size_class_aligned(size_t size, size_t align);
+
+void fm_size_class_init(void);
+
+#endif

@@ -1,0 +1,51 @@
+/* Locks and the single-threaded switch. The only header that reads glibc's
+ * __libc_single_threaded: while it is true, fm_lock/fm_unlock do nothing. A slow-path
+ * operation reads the flag once (fm_threaded()) and passes that value to its unlock. */
+#ifndef FM_SYNC_H
+#define FM_SYNC_H
+
+#include <stdatomic.h>
+#include <sys/single_threaded.h>
+
+#include "os.h"
+
+/* True once the process has (or had) a second thread; glibc never sets it back. */
+static fm_always_inline bool fm_threaded(void) {
+#if FM_SINGLE_THREAD_FLAG
+  return !__libc_single_threaded;
+#else
+  return true;
+#endif
+}
+
+/* A three-state futex lock: 0 free, 1 held, 2 held with waiters. Being one int, a
+ * fork child can reset it with fm_lock_init. */
+typedef struct fm_lock {
+  _Atomic int state;
+} fm_lock_t;
+
+#define FM_LOCK_INIT {0}
+
+void fm_lock_contended(fm_lock_t *lock);
+
+static inline void fm_lock_init(fm_lock_t *lock) {
+  atomic_store_explicit(&lock->state, 0, memory_order_relaxed);
+}
+
+static fm_always_inline void fm_lock(fm_lock_t *lock, bool threaded) {
+  if (!threaded) return;
+  int expected = 0;
+  if (fm_likely(atomic_compare_exchange_strong_explicit(&lock->state, &expected, 1,
+                                                        memory_order_acquire,
+                                                        memory_order_relaxed)))
+    return;
+  fm_lock_contended(lock);
+}
+
+static fm_always_inline void fm_unlock(fm_lock_t *lock, bool threaded) {
+  if (!threaded) return;
+  if (fm_unlikely(atomic_exchange_explicit(&lock->state, 0, memory_order_release) == 2))
+    os_futex_wake_one((int *)&lock->state);
+}
+
+#endif

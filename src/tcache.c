@@ -1,0 +1,303 @@
+/* Slow paths of the thread cache: refill and flush in batches, adaptive bin limits under a
+ * byte budget, thread set-up and exit, process set-up, fork handlers. Everything here is
+ * reached only on a miss of the inline fast paths in tcache.h. */
+#include "tcache.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+#include "large.h"
+#include "options.h"
+
+/* The sentinels: every bin empty (malloc misses) and full (free misses). */
+static fm_tcache tcache_boot;
+static fm_tcache tcache_dead;
+__thread fm_tcache *fm_tc __attribute__((tls_model("initial-exec"))) = &tcache_boot;
+
+static fm_lock_t init_lock = FM_LOCK_INIT;
+static _Atomic int init_done;
+static _Atomic int atfork_registered;
+static pthread_key_t thread_key;
+
+static fm_lock_t pool_lock = FM_LOCK_INIT;
+static fm_tcache *pool_free;
+static char *pool_bump, *pool_end;
+static unsigned next_arena;
+
+/* Bin bounds per class: the start and the most an adaptive bin may grow to. */
+static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
+
+static void fork_prepare(void);
+static void fork_parent(void);
+static void fork_child(void);
+static void tcache_thread_exit(void *arg);
+
+void tcache_corrupt(const void *block) { os_fatal("malloc(): corrupted free list at", block); }
+
+static void limits_init(void) {
+  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+    int32_t size = (int32_t)fm_class_size[cls];
+    int32_t start = (32 << 10) / size, most = (1 << 20) / size;
+    limit_start[cls] = start < 2 ? 2 : start > 64 ? 64 : start;
+    limit_max[cls] = most < 16 ? 16 : most > 2048 ? 2048 : most;
+  }
+}
+
+bool fm_init(void) {
+  if (fm_likely(atomic_load_explicit(&init_done, memory_order_acquire))) return true;
+  fm_lock(&init_lock, true);
+  bool ok = true;
+  if (!atomic_load_explicit(&init_done, memory_order_relaxed)) {
+    fm_options_init();
+    fm_size_class_init();
+    limits_init();
+    fm_key = (uintptr_t)os_random64();
+    arena_init_all();
+    ok = fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0;
+    if (ok) atomic_store_explicit(&init_done, 1, memory_order_release);
+  }
+  fm_unlock(&init_lock, true);
+  /* Last, outside the lock: glibc may malloc while registering, which now just works. */
+  if (ok && !atomic_exchange(&atfork_registered, 1))
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+  return ok;
+}
+
+__attribute__((constructor(101))) static void fm_constructor(void) { fm_init(); }
+
+static fm_tcache *pool_take(void) {
+  fm_lock(&pool_lock, true);
+  fm_tcache *tc = pool_free;
+  if (tc) {
+    pool_free = tc->next_free;
+  } else {
+    if (pool_end - pool_bump < (ptrdiff_t)sizeof(fm_tcache)) {
+      size_t bytes = 64 * 1024;
+      pool_bump = os_map(bytes);
+      pool_end = pool_bump ? pool_bump + bytes : NULL;
+    }
+    if (pool_bump) {
+      tc = (fm_tcache *)pool_bump;
+      pool_bump += (sizeof(fm_tcache) + 63) & ~(size_t)63;
+    }
+  }
+  if (tc) tc->arena = &fm_arenas[next_arena++ % fm_arena_count];
+  fm_unlock(&pool_lock, true);
+  return tc;
+}
+
+static void pool_give(fm_tcache *tc) {
+  fm_lock(&pool_lock, true);
+  tc->next_free = pool_free;
+  pool_free = tc;
+  fm_unlock(&pool_lock, true);
+}
+
+/* Sets up the calling thread's cache; the dead sentinel when that is impossible. */
+static fm_tcache *tcache_thread_start(void) {
+  if (!fm_init()) return &tcache_dead;
+  fm_tcache *tc = pool_take();
+  if (!tc) return &tcache_dead;
+  fm_arena *arena = tc->arena;
+  *tc = (fm_tcache){.arena = arena};
+  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+    tc->limit[cls] = tc->room[cls] = limit_start[cls];
+    tc->limit_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
+  }
+  /* Install before pthread_setspecific: it callocs for high key numbers. */
+  fm_tc = tc;
+  pthread_setspecific(thread_key, tc);
+  return tc;
+}
+
+static fm_tcache *tcache_current(void) {
+  fm_tcache *tc = fm_tc;
+  return tc == &tcache_boot ? tcache_thread_start() : tc;
+}
+
+fm_arena *tcache_arena(void) {
+  fm_tcache *tc = tcache_current();
+  return tc == &tcache_dead ? &fm_arenas[0] : tc->arena;
+}
+
+static bool tcache_refill(fm_tcache *tc, unsigned cls) {
+  uintptr_t chain;
+  unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, &chain);
+  if (!got) return false;
+  tc->head[cls] = (void *)chain;
+  tc->room[cls] = tc->limit[cls] - (int32_t)got;
+  tc->used[cls] = 1;
+  return true;
+}
+
+/* Gives back the oldest blocks of a bin so that `keep` stay. */
+static void tcache_shrink_bin(fm_tcache *tc, unsigned cls, int32_t keep) {
+  int32_t count = tc->limit[cls] - tc->room[cls];
+  if (count <= keep) return;
+  void *rest;
+  if (keep == 0) {
+    rest = tc->head[cls];
+    tc->head[cls] = NULL;
+  } else {
+    void *last = tc->head[cls];
+    for (int32_t i = 1; i < keep; i++) last = fm_decode(*(uintptr_t *)last);
+    rest = fm_decode(*(uintptr_t *)last);
+    *(uintptr_t *)last = fm_encode(NULL);
+  }
+  tc->room[cls] = tc->limit[cls] - keep;
+  arena_free_chain(rest);
+}
+
+static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
+  int32_t count = tc->limit[cls] - tc->room[cls];
+  if (count > limit) tcache_shrink_bin(tc, cls, limit);
+  count = tc->limit[cls] - tc->room[cls];
+  tc->limit_bytes = tc->limit_bytes - (size_t)tc->limit[cls] * fm_class_size[cls] +
+                    (size_t)limit * fm_class_size[cls];
+  tc->limit[cls] = limit;
+  tc->room[cls] = limit - count;
+}
+
+/* Every few hundred misses, bins that saw no traffic since the last sweep give back half
+ * their blocks and half their limit: a quiet thread holds little memory. */
+static void tcache_idle_sweep(fm_tcache *tc) {
+  if (++tc->misses < 256) return;
+  tc->misses = 0;
+  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+    if (!tc->used[cls] && tc->limit[cls] > limit_start[cls]) {
+      int32_t half = tc->limit[cls] / 2;
+      tcache_set_limit(tc, cls, half < limit_start[cls] ? limit_start[cls] : half);
+    } else if (!tc->used[cls] && tc->head[cls]) {
+      tcache_shrink_bin(tc, cls, (tc->limit[cls] - tc->room[cls]) / 2);
+    }
+    tc->used[cls] = 0;
+  }
+}
+
+/* Free found the bin full: grow its limit while the byte budget allows, else flush the
+ * older half of the bin to the arenas in one batch. */
+static void tcache_overflow(fm_tcache *tc, unsigned cls) {
+  int32_t limit = tc->limit[cls];
+  size_t size = fm_class_size[cls];
+  tc->used[cls] = 1;
+  if (limit < limit_max[cls] && tc->limit_bytes + (size_t)limit * size <= fm_options.tcache_max_bytes) {
+    int32_t grown = limit * 2 > limit_max[cls] ? limit_max[cls] : limit * 2;
+    tcache_set_limit(tc, cls, grown);
+    return;
+  }
+  tcache_shrink_bin(tc, cls, limit / 2);
+}
+
+static void tcache_flush_all(fm_tcache *tc) {
+  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) tcache_shrink_bin(tc, cls, 0);
+}
+
+static void tcache_thread_exit(void *arg) {
+  fm_tcache *tc = arg;
+  fm_tc = &tcache_dead;
+  tcache_flush_all(tc);
+  pool_give(tc);
+}
+
+/* One block straight from the arena, for threads whose cache is gone. */
+static void *arena_malloc_one(unsigned cls) {
+  uintptr_t chain;
+  if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &chain)) return NULL;
+  ((uintptr_t *)chain)[1] = 0;
+  return (void *)chain;
+}
+
+void *tcache_malloc_miss(size_t size) {
+  fm_tcache *tc = tcache_current();
+  unsigned cls = fm_size_class(size);   /* the table is filled now */
+  void *block;
+  if (fm_unlikely(tc == &tcache_dead)) {
+    block = arena_malloc_one(cls);
+  } else {
+    tcache_idle_sweep(tc);
+    block = tc->head[cls];   /* a nested call (pthread_setspecific) may have filled it */
+    if (block || tcache_refill(tc, cls)) return tcache_pop(tc, cls, tc->head[cls]);
+  }
+  if (!block) errno = ENOMEM;
+  return block;
+}
+
+static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
+  int32_t count = tc->limit[cls] - tc->room[cls];
+  const void *b = tc->head[cls];
+  for (int32_t i = 0; b && i < count; i++, b = fm_decode(*(const uintptr_t *)b)) {
+    if (b == p) return true;
+  }
+  return false;
+}
+
+void tcache_free_miss(void *p) {
+  unsigned cls = fm_unit_class(p);
+  fm_tcache *tc = fm_tc;
+  /* Undo the fast path's decrement; a sentinel's room is simply 0 again. */
+  if (tc == &tcache_boot || tc == &tcache_dead) tc->room[cls] = 0;
+  else tc->room[cls]++;
+  if (cls == 0) {
+    if (p) os_fatal("free(): invalid pointer", p);
+    return;
+  }
+  if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
+  if (cls == FM_CLASS_MAPPED) return large_free(p);
+  if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
+  tc = tcache_current();
+  if (((uintptr_t *)p)[1] == fm_key &&
+      ((tc != &tcache_dead && tcache_bin_holds(tc, cls, p)) || arena_span_holds_free(p)))
+    os_fatal("free(): double free detected", p);
+  if (fm_unlikely(tc == &tcache_dead)) {
+    *(uintptr_t *)p = fm_encode(NULL);
+    arena_free_chain(p);
+    return;
+  }
+  tcache_idle_sweep(tc);
+  if (tc->room[cls] == 0) tcache_overflow(tc, cls);
+  tcache_push(tc, cls, p, fm_key);
+}
+
+size_t tcache_trim(void) {
+  if (!fm_init()) return 0;
+  fm_tcache *tc = fm_tc;
+  if (tc != &tcache_boot && tc != &tcache_dead) tcache_flush_all(tc);
+  size_t released = large_trim();
+  bool threaded = fm_threaded();
+  for (unsigned i = 0; i < fm_arena_count; i++) {
+    fm_lock(&fm_arenas[i].lock, threaded);
+    released += arena_purge(&fm_arenas[i], true);
+    fm_unlock(&fm_arenas[i].lock, threaded);
+  }
+  return released;
+}
+
+/* fork: take every allocator lock in a fixed order so the child sees a consistent heap.
+ * A single-threaded parent holds no lock mid-operation, so nothing needs taking. */
+static bool fork_locked;
+
+static void fork_prepare(void) {
+  fork_locked = fm_threaded();
+  if (!fork_locked) return;
+  fm_lock(&init_lock, true);
+  fm_lock(&pool_lock, true);
+  large_lock_all();
+  arena_lock_all();
+}
+
+static void fork_parent(void) {
+  if (!fork_locked) return;
+  arena_unlock_all();
+  large_unlock_all();
+  fm_unlock(&pool_lock, true);
+  fm_unlock(&init_lock, true);
+}
+
+static void fork_child(void) {
+  if (!fork_locked) return;
+  arena_reset_locks();
+  large_reset_locks();
+  fm_lock_init(&pool_lock);
+  fm_lock_init(&init_lock);
+}
