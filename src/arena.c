@@ -119,6 +119,14 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr
   return got;
 }
 
+/* Under the lock, from paths that free: purge what stayed empty for a whole delay. */
+static void arena_purge_tick(fm_arena *arena) {
+  uint64_t now = os_now_ns();
+  if (now < arena->next_purge_ns) return;
+  arena->next_purge_ns = now + fm_options.purge_delay_ns;
+  arena_purge(arena, false);
+}
+
 static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   unsigned cls = span->cls;
   if (span->listed) span_list_remove(&arena->partial[cls], span);
@@ -164,11 +172,7 @@ void arena_free_chain(void *first) {
       }
       block = next;
     }
-    uint64_t now = os_now_ns();
-    if (now >= arena->next_purge_ns) {
-      arena->next_purge_ns = now + fm_options.purge_delay_ns;
-      arena_purge(arena, false);
-    }
+    arena_purge_tick(arena);
     fm_unlock(&arena->lock, threaded);
   }
 }
@@ -192,6 +196,7 @@ void arena_free_span_large(void *p) {
   fm_lock(&arena->lock, threaded);
   span->used = 0;
   chunk_give_back_span(span);
+  arena_purge_tick(arena);
   fm_unlock(&arena->lock, threaded);
 }
 
@@ -238,7 +243,7 @@ size_t arena_purge(fm_arena *arena, bool force) {
       continue;
     }
     if (chunk->free_units == FM_CHUNK_ALL_UNITS) kept_empty = true;
-    released += chunk_purge(chunk);
+    released += chunk_purge(chunk, force);
   }
   return released;
 }

@@ -51,6 +51,7 @@ fm_chunk *chunk_new(struct fm_arena *arena) {
   chunk->arena = arena;
   chunk->free_units = FM_CHUNK_ALL_UNITS;
   chunk->dirty_units = 0;
+  chunk->stale_units = 0;
   return chunk;
 }
 
@@ -74,6 +75,7 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
   uint64_t bits = (units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << units) - 1)) << first;
   chunk->free_units &= ~bits;
   chunk->dirty_units &= ~bits;
+  chunk->stale_units &= ~bits;
   for (unsigned u = (unsigned)first; u < (unsigned)first + units; u++) chunk->head_of[u] = (uint8_t)first;
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
@@ -99,9 +101,9 @@ void chunk_give_back_span(fm_span *span) {
   chunk->dirty_units |= bits;
 }
 
-size_t chunk_purge(fm_chunk *chunk) {
+size_t chunk_purge(fm_chunk *chunk, bool force) {
   size_t purged = 0;
-  uint64_t dirty = chunk->dirty_units & chunk->free_units;
+  uint64_t dirty = chunk->dirty_units & chunk->free_units & (force ? ~(uint64_t)0 : chunk->stale_units);
   while (dirty) {
     unsigned first = (unsigned)__builtin_ctzll(dirty);
     unsigned len = (unsigned)__builtin_ctzll(~(dirty >> first));  /* run length */
@@ -111,6 +113,7 @@ size_t chunk_purge(fm_chunk *chunk) {
     uint64_t bits = (len == 64 ? ~(uint64_t)0 : (((uint64_t)1 << len) - 1)) << first;
     dirty &= ~bits;
   }
-  chunk->dirty_units &= ~chunk->free_units;
+  chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units);
+  chunk->stale_units = chunk->dirty_units & chunk->free_units;
   return purged;
 }

@@ -27,6 +27,7 @@ typedef struct fm_chunk {
   struct fm_chunk *next, *prev;
   uint64_t free_units;     /* bit u: unit u belongs to no span */
   uint64_t dirty_units;    /* bit u: a free unit whose pages may still be resident */
+  uint64_t stale_units;    /* dirty units that were already free at the last purge tick */
   uint8_t head_of[FM_UNITS_PER_CHUNK];   /* unit -> first unit of its span */
   fm_span spans[FM_UNITS_PER_CHUNK];     /* valid at each span's first unit */
 } fm_chunk;
@@ -71,7 +72,8 @@ void chunk_delete(fm_chunk *chunk);
 /* A span of `units` free units of chunk, or NULL; unit-map entries are set to cls. */
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls);
 void chunk_give_back_span(fm_span *span);
-/* Purges free units of chunk that may be resident; returns bytes purged. */
-size_t chunk_purge(fm_chunk *chunk);
+/* Purges the dirty free units that stayed free since the last tick (all when force),
+ * and starts the next generation; returns bytes purged. */
+size_t chunk_purge(fm_chunk *chunk, bool force);
 
 #endif
