@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "large.h"
 #include "options.h"
@@ -100,6 +101,7 @@ static fm_tcache *tcache_thread_start(void) {
   if (!tc) return &tcache_dead;
   fm_arena *arena = tc->arena;
   *tc = (fm_tcache){.arena = arena};
+  memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
   for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
     tc->limit[cls] = tc->room[cls] = limit_start[cls];
     tc->limit_bytes += (size_t)limit_start[cls] * fm_class_size[cls];

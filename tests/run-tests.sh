@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (Debian packages, when root and missing),
+# builds fastmalloc in Release with its tests, and runs them all with ctest.
+# Usage: tests/run-tests.sh [build-dir]   (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v make >/dev/null || need+=(make)
+command -v python3 >/dev/null || need+=(python3)
+[ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev pkg-config)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing: ${need[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing packages: ${need[*]} (run as root or install them)" >&2
+    exit 1
+  fi
+fi
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFASTMALLOC_BUILD_BENCH=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)"
+ctest --test-dir "$build" --output-on-failure -j2
