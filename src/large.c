@@ -118,6 +118,7 @@ static void *place_block(char *base, size_t map_size, size_t offset) {
 void *large_alloc(size_t size, size_t align, bool *fresh) {
   size_t offset = align > LARGE_OFFSET ? align : LARGE_OFFSET;
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;
+  if (size == 0) size = 1;   /* the block must lie inside its mapping */
   size_t need = round_unit(offset + size), map_size = need;
   if (offset == LARGE_OFFSET) {
     char *base = cache_take(need, &map_size);

@@ -66,8 +66,10 @@ fm_api void *realloc(void *p, size_t size) {
     return NULL;
   }
   size_t old = usable_size(p, "realloc(): invalid pointer");
-  /* Keep the block when the new size fits and wastes no more than half of it. */
-  if (size <= old && size > old / 2) return p;
+  /* Keep the block when the new size fits and wastes no more than half of it, or when no
+   * smaller class would serve it. */
+  if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == fm_unit_class(p))))
+    return p;
   if (size > old && fm_unit_class(p) == FM_CLASS_MAPPED && size <= PTRDIFF_MAX) {
     void *moved = large_realloc(p, size);
     if (moved) return moved;
@@ -192,7 +194,7 @@ fm_api void *__glibc_morecore(ptrdiff_t increment) { return NULL; }
 fm_api const char *fm_version(void) { return FASTMALLOC_VERSION_STRING; }
 
 fm_api int fm_owns(const void *p) {
-  return fm_init() && p && fm_unit_class(p) != 0;
+  return fm_init() && p && (uintptr_t)p >> FM_ADDRESS_BITS == 0 && fm_unit_class(p) != 0;
 }
 
 fm_api size_t fm_mapped_bytes(void) { return os_mapped_bytes(); }
