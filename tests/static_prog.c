@@ -1,0 +1,66 @@
+/* Linked with libfastmalloc.a by the static-link tests (fully static, and into a dynamic
+ * executable): proves that its malloc and libc's internal allocations are fastmalloc's, in
+ * the main thread, in a second thread and in a fork child. Exit 0 when all hold. */
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fastmalloc.h>
+
+static int failures;
+
+#define EXPECT(cond)                                                      \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      fprintf(stderr, "static_prog:%d: failed: %s\n", __LINE__, #cond); \
+      failures++;                                                         \
+    }                                                                     \
+  } while (0)
+
+static void *thread_alloc(void *arg) {
+  char *p = strdup("allocated in a thread");
+  return p && fm_owns(p) ? p : NULL;
+}
+
+int main(void) {
+  void *p = malloc(100), *c = calloc(10, 10), *r = realloc(malloc(10), 100000);
+  void *a = aligned_alloc(4096, 100), *pm = NULL;
+  EXPECT(fm_owns(p) && fm_owns(c) && fm_owns(r) && fm_owns(a));
+  EXPECT(posix_memalign(&pm, 64, 100) == 0 && fm_owns(pm));
+  char *s = strdup("libc allocates this");
+  EXPECT(fm_owns(s));
+  char *line = NULL;
+  size_t cap = 0;
+  FILE *f = fopen("/proc/self/maps", "r");
+  EXPECT(f && getline(&line, &cap, f) > 0 && fm_owns(line));
+  pthread_t t;
+  void *tp = NULL;
+  EXPECT(pthread_create(&t, NULL, thread_alloc, NULL) == 0 && pthread_join(t, &tp) == 0 && tp);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    void *q = malloc(5000);
+    _exit(q && fm_owns(q) && fm_owns(s) ? 0 : 1);
+  }
+  int status = -1;
+  EXPECT(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0);
+  free(p);
+  free(c);
+  free(r);
+  free(a);
+  free(pm);
+  free(s);
+  free(line);
+  free(tp);
+  fclose(f);
+  int trimmed = malloc_trim(0);
+  EXPECT(trimmed == 0 || trimmed == 1);
+  printf("static_prog: %s, fastmalloc %s\n", failures ? "FAILED" : "ok", fm_version());
+  return failures != 0;
+}

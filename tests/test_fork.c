@@ -1,0 +1,154 @@
+/* fork: from a single-threaded process, then while other threads allocate (from the main
+ * thread and from a worker); the child checks what it inherited, allocates, frees and starts
+ * threads, the parent carries on. Children report by exit status only, never via cmocka. */
+#include "fm_test.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/single_threaded.h>
+
+enum { INHERITED = 3000 };
+static void *inherited[INHERITED];
+
+static size_t inherited_size(unsigned i) { return i % 97 ? 16 + (i * 41) % 5000 : 100000 + i; }
+
+static void fill_inherited(void) {
+  for (unsigned i = 0; i < INHERITED; i++) {
+    assert_non_null(inherited[i] = malloc(inherited_size(i)));
+    fmt_fill(inherited[i], inherited_size(i), i);
+  }
+  /* Leave the thread cache and spans half used: free every third block. */
+  for (unsigned i = 0; i < INHERITED; i += 3) {
+    free(inherited[i]);
+    inherited[i] = NULL;
+  }
+}
+
+static bool check_and_free_inherited(void) {
+  bool ok = true;
+  for (unsigned i = 0; i < INHERITED; i++) {
+    if (!inherited[i]) continue;
+    ok &= fmt_check(inherited[i], inherited_size(i), i) && fm_owns(inherited[i]);
+    free(inherited[i]);
+    inherited[i] = NULL;
+  }
+  return ok;
+}
+
+/* Allocation work with payload checks, in whatever thread calls it; false on a bad block. */
+static bool churn(uint64_t seed, unsigned ops) {
+  enum { SLOTS = 128 };
+  void *slot[SLOTS] = {0};
+  size_t len[SLOTS];
+  uint64_t rng = fmt_seed_state(seed);
+  bool ok = true;
+  for (unsigned op = 0; op < ops; op++) {
+    unsigned s = (unsigned)(fmt_rand(&rng) % SLOTS);
+    if (slot[s]) {
+      ok &= fmt_check(slot[s], len[s], (uintptr_t)slot[s]);
+      free(slot[s]);
+      slot[s] = NULL;
+      continue;
+    }
+    uint64_t r = fmt_rand(&rng);
+    len[s] = r % 200 ? 1 + r % 3000 : 40000 + r % 500000;
+    slot[s] = r % 7 ? malloc(len[s]) : aligned_alloc(256, len[s]);
+    if (!slot[s]) return false;
+    fmt_fill(slot[s], len[s], (uintptr_t)slot[s]);
+  }
+  for (unsigned s = 0; s < SLOTS; s++)
+    if (slot[s]) {
+      ok &= fmt_check(slot[s], len[s], (uintptr_t)slot[s]);
+      free(slot[s]);
+    }
+  return ok;
+}
+
+static void *churn_thread(void *arg) { return churn((uintptr_t)arg, 20000) ? arg : NULL; }
+
+/* The child's work: inherited blocks intact and freeable, allocation in the child, then two
+ * threads of its own. Exit codes say which step failed. */
+static void child_work(void *arg) {
+  if (!check_and_free_inherited()) _exit(2);
+  if (!churn(1, 20000)) _exit(3);
+  pthread_t t[2];
+  for (uintptr_t i = 0; i < 2; i++)
+    if (pthread_create(&t[i], NULL, churn_thread, (void *)(i + 10))) _exit(4);
+  for (int i = 0; i < 2; i++) {
+    void *r;
+    if (pthread_join(t[i], &r) || !r) _exit(5);
+  }
+  if (!churn(2, 5000)) _exit(6);
+}
+
+static void test_fork_single_threaded(void **state) {
+  assert_true(__libc_single_threaded); /* runs first: no thread has existed yet */
+  fmt_assert_uses_fastmalloc();
+  fill_inherited();
+  char err[4096];
+  fmt_assert_child_ok(fmt_run_child(child_work, NULL, 60, err, sizeof err), err);
+  assert_true(__libc_single_threaded);
+  assert_true(check_and_free_inherited());
+  assert_true(churn(3, 20000));
+}
+
+/* ---- fork while other threads allocate ---- */
+
+enum { WORKERS = 3, FORKS = 24 };
+static atomic_bool stop;
+static atomic_uint worker_errors;
+
+static void *busy_worker(void *arg) {
+  uint64_t seed = (uintptr_t)arg;
+  while (!atomic_load(&stop))
+    if (!churn(seed++, 2000)) atomic_fetch_add(&worker_errors, 1);
+  return NULL;
+}
+
+static void quick_child(void *arg) {
+  if (!churn(7, 5000)) _exit(3);
+  pthread_t t;
+  void *r;
+  if (pthread_create(&t, NULL, churn_thread, (void *)11) || pthread_join(t, &r) || !r) _exit(4);
+}
+
+/* A worker that forks too, so fork happens from a thread other than main. */
+static void *forking_worker(void *arg) {
+  char err[1024];
+  uintptr_t failed = 0;
+  for (int i = 0; i < FORKS / 4; i++) {
+    int status = fmt_run_child(quick_child, NULL, 60, err, sizeof err);
+    failed += !(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  return (void *)failed;
+}
+
+static void test_fork_while_threads_allocate(void **state) {
+  pthread_t w[WORKERS], forker;
+  for (uintptr_t i = 0; i < WORKERS; i++)
+    assert_int_equal(pthread_create(&w[i], NULL, busy_worker, (void *)(i * 1000000)), 0);
+  assert_int_equal(pthread_create(&forker, NULL, forking_worker, NULL), 0);
+  for (int i = 0; i < FORKS; i++) {
+    char err[4096];
+    if (i == 0) fill_inherited();
+    fmt_assert_child_ok(fmt_run_child(i == 0 ? child_work : quick_child, NULL, 60, err,
+                                      sizeof err),
+                        err);
+    assert_true(churn(100 + i, 1000));
+  }
+  assert_true(check_and_free_inherited());
+  void *forker_failed;
+  assert_int_equal(pthread_join(forker, &forker_failed), 0);
+  atomic_store(&stop, true);
+  for (int i = 0; i < WORKERS; i++) assert_int_equal(pthread_join(w[i], NULL), 0);
+  assert_ptr_equal(forker_failed, NULL);
+  assert_int_equal(atomic_load(&worker_errors), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fork_single_threaded),
+      cmocka_unit_test(test_fork_while_threads_allocate),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

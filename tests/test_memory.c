@@ -1,0 +1,206 @@
+/* Giving memory back (issue 5): malloc_trim(0) after freeing a large heap lowers RSS and
+ * returns 1; memory freed and purged is correct when reused; RSS does not grow with the
+ * number of threads created and joined. Checks amounts only, never time. */
+#include "fm_test.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
+
+/* Mixed sizes: mostly small, some span-sized, a few large blocks. */
+static size_t heap_size(unsigned i) {
+  if (i % 3000 == 2999) return 128 * FMT_KIB + (i * 7919) % (896 * FMT_KIB);
+  if (i % 100 == 99) return 4 * FMT_KIB + (i * 131) % (28 * FMT_KIB);
+  return 16 + (i * 37) % 241;
+}
+
+static void shuffle(unsigned *order, unsigned n, uint64_t seed) {
+  uint64_t rng = fmt_seed_state(seed);
+  for (unsigned i = 0; i < n; i++) order[i] = i;
+  for (unsigned i = n - 1; i > 0; i--) {
+    unsigned j = (unsigned)(fmt_rand(&rng) % (i + 1)), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+}
+
+enum { HEAP_BLOCKS = 300000 };
+static void *heap[HEAP_BLOCKS];
+static unsigned order[HEAP_BLOCKS];
+
+/* Allocates the mixed heap, touching every requested byte; returns the bytes requested. */
+static size_t build_heap(unsigned char fill) {
+  size_t total = 0;
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++) {
+    size_t n = heap_size(i);
+    assert_non_null(heap[i] = malloc(n));
+    memset(heap[i], fill, n);
+    total += n;
+  }
+  return total;
+}
+
+static void free_heap_shuffled(uint64_t seed) {
+  shuffle(order, HEAP_BLOCKS, seed);
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++) {
+    free(heap[order[i]]);
+    heap[order[i]] = NULL;
+  }
+}
+
+static void test_trim_lowers_rss(void **state) {
+  size_t rss0 = fmt_rss();
+  size_t total = build_heap(0x11);
+  size_t rss1 = fmt_rss();
+  if (rss1 < rss0 + total / 10 * 9)
+    fail_msg("heap of %zu bytes raised RSS only from %zu to %zu", total, rss0, rss1);
+  free_heap_shuffled(1);
+  int released = malloc_trim(0);
+  size_t rss2 = fmt_rss();
+  print_message("heap %zu: rss %zu -> %zu -> %zu after malloc_trim\n", total, rss0, rss1, rss2);
+  assert_int_equal(released, 1);
+  if (rss2 > rss0 + total / 4)
+    fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
+}
+
+/* A heap built and freed by another thread, still alive, is purged by this one's trim. */
+static pthread_barrier_t phase;
+
+static void *other_thread_heap(void *arg) {
+  build_heap(0x22);
+  free_heap_shuffled(2);
+  pthread_barrier_wait(&phase); /* heap freed */
+  pthread_barrier_wait(&phase); /* main has trimmed and measured */
+  return NULL;
+}
+
+static void test_trim_purges_other_threads_memory(void **state) {
+  size_t rss0 = fmt_rss(), total = 0;
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++) total += heap_size(i);
+  assert_int_equal(pthread_barrier_init(&phase, NULL, 2), 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, other_thread_heap, NULL), 0);
+  pthread_barrier_wait(&phase);
+  int released = malloc_trim(0);
+  size_t rss1 = fmt_rss();
+  pthread_barrier_wait(&phase);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  pthread_barrier_destroy(&phase);
+  assert_true(released == 0 || released == 1);
+  if (rss1 > rss0 + total / 4)
+    fail_msg("RSS %zu after trim, %zu before another thread's %zu-byte heap", rss1, rss0, total);
+}
+
+/* Purged memory comes back writable, calloc'd blocks zeroed; purging never touches live
+ * blocks that share spans with freed ones. */
+static void test_reuse_after_purge(void **state) {
+  build_heap(0xA5);
+  free_heap_shuffled(3);
+  assert_int_equal(fm_trim(), 1);
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++) {
+    size_t n = heap_size(i);
+    assert_non_null(heap[i] = calloc(1, n));
+    if (!fmt_is_zero(heap[i], n)) fail_msg("calloc(%zu) after purge not zeroed", n);
+  }
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++) {
+    size_t n = heap_size(i);
+    fmt_fill(heap[i], n, i);
+  }
+  /* Free every other block: spans now mix live and free blocks. */
+  for (unsigned i = 0; i < HEAP_BLOCKS; i += 2) {
+    memset(heap[i], 0x5A, heap_size(i));
+    free(heap[i]);
+    heap[i] = NULL;
+  }
+  malloc_trim(0);
+  for (unsigned i = 1; i < HEAP_BLOCKS; i += 2)
+    if (!fmt_check(heap[i], heap_size(i), i)) fail_msg("live block %u changed by a purge", i);
+  for (unsigned i = 0; i < HEAP_BLOCKS; i += 2) {
+    size_t n = heap_size(i);
+    assert_non_null(heap[i] = calloc(n, 1));
+    if (!fmt_is_zero(heap[i], n)) fail_msg("calloc(%zu) into a half-free span not zeroed", n);
+    fmt_fill(heap[i], n, i);
+  }
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++)
+    if (!fmt_check(heap[i], heap_size(i), i)) fail_msg("block %u overwritten after reuse", i);
+  free_heap_shuffled(4);
+  malloc_trim(0);
+  /* Aligned blocks and a growing realloc, both from purged memory. */
+  void *a[1000];
+  for (unsigned i = 0; i < 1000; i++) {
+    assert_non_null(a[i] = aligned_alloc(4096, 4096));
+    assert_true(fmt_aligned(a[i], 4096));
+    fmt_fill(a[i], 4096, i);
+  }
+  for (unsigned i = 0; i < 1000; i++) {
+    assert_true(fmt_check(a[i], 4096, i));
+    free(a[i]);
+  }
+  malloc_trim(0);
+  unsigned char *g = NULL;
+  for (size_t n = 64; n <= 8 * FMT_MIB; n *= 2) {
+    assert_non_null(g = realloc(g, n));
+    if (n > 64 && !fmt_check(g, n / 2, 99)) fail_msg("realloc to %zu after purge lost data", n);
+    fmt_fill(g, n, 99);
+  }
+  free(g);
+}
+
+/* ---- thread churn ---- */
+
+enum { CHURN_WIDTH = 8, CHURN_BLOCKS = 64 };
+static atomic_uint churn_failures;
+
+/* Allocates about 64 KiB in mixed sizes, touches all of it and frees it. */
+static void *churn_thread(void *arg) {
+  void *p[CHURN_BLOCKS];
+  for (unsigned i = 0; i < CHURN_BLOCKS; i++) {
+    size_t n = 16 + ((uintptr_t)arg * 131 + i * 67) % 2032;
+    if (!(p[i] = malloc(n))) {
+      atomic_fetch_add(&churn_failures, 1);
+      return NULL;
+    }
+    memset(p[i], (int)i, n);
+  }
+  for (unsigned i = 0; i < CHURN_BLOCKS; i++) free(p[i]);
+  return NULL;
+}
+
+static void churn(unsigned rounds) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * FMT_KIB);
+  for (unsigned r = 0; r < rounds; r++) {
+    pthread_t t[CHURN_WIDTH];
+    for (uintptr_t i = 0; i < CHURN_WIDTH; i++)
+      assert_int_equal(pthread_create(&t[i], &attr, churn_thread, (void *)(r * 8 + i)), 0);
+    for (unsigned i = 0; i < CHURN_WIDTH; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  }
+  pthread_attr_destroy(&attr);
+}
+
+/* 3000 threads leave RSS within 4 MiB of where 64 left it (leaked per-thread caches would
+ * add about 64 KiB each: 190 MiB). */
+static void test_thread_churn_rss(void **state) {
+  churn(8);
+  size_t rss_warm = fmt_rss();
+  churn(375);
+  size_t rss_after = fmt_rss();
+  assert_int_equal(atomic_load(&churn_failures), 0);
+  print_message("thread churn: rss %zu after 64 threads, %zu after 3064\n", rss_warm, rss_after);
+  if (rss_after > rss_warm + 4 * FMT_MIB)
+    fail_msg("RSS grew from %zu to %zu over 3000 threads", rss_warm, rss_after);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_uses_fastmalloc),
+      cmocka_unit_test(test_trim_lowers_rss),
+      cmocka_unit_test(test_trim_purges_other_threads_memory),
+      cmocka_unit_test(test_reuse_after_purge),
+      cmocka_unit_test(test_thread_churn_rss),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

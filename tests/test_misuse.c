@@ -1,0 +1,102 @@
+/* Misuse on purpose, each case in a forked child: a double free (small and large blocks)
+ * and free() of pointers fastmalloc never handed out must print one line starting
+ * "fastmalloc: " on stderr and abort. A control child checks the harness itself. */
+#include "fm_test.h"
+
+#include <sys/mman.h>
+
+static void expect_abort(void (*fn)(void *), void *arg, const char *what) {
+  char err[2048];
+  int status = fmt_run_child(fn, arg, 30, err, sizeof err);
+  assert_true(status != -1);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGABRT)
+    fail_msg("%s: child %s %d, not SIGABRT; stderr: \"%s\"", what,
+             WIFSIGNALED(status) ? "killed by signal" : "exited with",
+             WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), err);
+  if (strncmp(err, "fastmalloc: ", 12) != 0) fail_msg("%s: stderr \"%s\"", what, err);
+  const char *nl = strchr(err, '\n');
+  if (!nl || nl[1]) fail_msg("%s: not exactly one line: \"%s\"", what, err);
+}
+
+static void valid_use(void *arg) {
+  void *p = malloc(64);
+  free(fmt_launder(p));
+  free(NULL);
+}
+
+static void double_free(void *arg) {
+  size_t n = (uintptr_t)arg;
+  void *p = malloc(n);
+  free(p);
+  free(fmt_launder(p));
+}
+
+/* Another block freed in between: the first one is no longer on top of its bin. */
+static void double_free_not_last(void *arg) {
+  size_t n = (uintptr_t)arg;
+  void *p = malloc(n), *q = malloc(n);
+  free(p);
+  free(q);
+  free(fmt_launder(p));
+}
+
+static void free_stack(void *arg) {
+  char buf[256];
+  memset(buf, 0, sizeof buf);
+  free(fmt_launder(buf + 16));
+}
+
+static char global_buf[4096];
+static void free_global(void *arg) { free(fmt_launder(global_buf + 64)); }
+
+static void free_mmap(void *arg) {
+  char *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) _exit(90);
+  free(m + (uintptr_t)arg);
+}
+
+/* A region aligned like a chunk and filled with plausible bytes: only the registry of the
+ * allocator's own chunks can tell it is foreign. */
+static void free_fake_chunk(void *arg) {
+  size_t chunk = 4 * FMT_MIB;
+  char *m = mmap(NULL, 3 * chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) _exit(90);
+  char *fake = (char *)(((uintptr_t)m + chunk - 1) & ~(chunk - 1));
+  memset(fake, 0x01, chunk);
+  free(fake + 256 * FMT_KIB);
+}
+
+static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
+
+static void test_control_child_exits_cleanly(void **state) {
+  char err[1024];
+  int status = fmt_run_child(valid_use, NULL, 30, err, sizeof err);
+  fmt_assert_child_ok(status, err);
+  assert_string_equal(err, "");
+}
+
+static void test_double_free(void **state) {
+  const size_t sizes[] = {16, 48, 100, 1024, 4000, 32768, 40000, 200000, 2 * FMT_MIB};
+  for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    expect_abort(double_free, (void *)(uintptr_t)sizes[i], "double free");
+    expect_abort(double_free_not_last, (void *)(uintptr_t)sizes[i], "double free, not last");
+  }
+}
+
+static void test_free_foreign(void **state) {
+  expect_abort(free_stack, NULL, "free of a stack address");
+  expect_abort(free_global, NULL, "free of a global");
+  expect_abort(free_mmap, (void *)0, "free of an mmap'd page");
+  expect_abort(free_mmap, (void *)4096, "free inside an mmap'd region");
+  expect_abort(free_fake_chunk, NULL, "free inside a fake chunk");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_uses_fastmalloc),
+      cmocka_unit_test(test_control_child_exits_cleanly),
+      cmocka_unit_test(test_double_free),
+      cmocka_unit_test(test_free_foreign),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

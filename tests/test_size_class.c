@@ -1,0 +1,57 @@
+/* White-box test of src/size_class.h, built from the allocator's objects: the class sizes
+ * are those of DESIGN §2, the lookup table agrees with the formula for every size
+ * 0 .. FM_SMALL_MAX, and each answer is the smallest class that fits (and aligns). */
+#include "fm_test.h"
+
+#include "size_class.h"
+
+static void test_class_sizes_match_design(void **state) {
+  size_t expect[FMT_MAX_CLASSES];
+  unsigned n = fmt_class_sizes(expect);
+  assert_int_equal(FM_NUM_CLASSES, n);
+  for (unsigned c = 1; c <= FM_NUM_CLASSES; c++)
+    if (fm_class_size[c] != expect[c - 1])
+      fail_msg("class %u has size %u, DESIGN says %zu", c, (unsigned)fm_class_size[c],
+               expect[c - 1]);
+  assert_int_equal(fm_class_size[FM_NUM_CLASSES], FM_SMALL_MAX);
+}
+
+static void test_table_matches_formula(void **state) {
+  for (size_t s = 0; s <= FM_SMALL_MAX; s++)
+    if (fm_size_class(s) != fm_size_class_formula(s))
+      fail_msg("size %zu: table says class %u, formula %u", s, fm_size_class(s),
+               fm_size_class_formula(s));
+}
+
+static void test_smallest_fitting_class(void **state) {
+  for (size_t s = 0; s <= FM_SMALL_MAX; s++) {
+    unsigned c = fm_size_class(s);
+    if (c < 1 || c > FM_NUM_CLASSES) fail_msg("size %zu: class %u out of range", s, c);
+    if (fm_class_size[c] < s)
+      fail_msg("size %zu: class %u holds only %u", s, c, (unsigned)fm_class_size[c]);
+    if (c > 1 && fm_class_size[c - 1] >= s)
+      fail_msg("size %zu: class %u is not the smallest", s, c);
+  }
+}
+
+static void test_aligned_class(void **state) {
+  for (size_t a = 16; a <= 32768; a *= 2)
+    for (size_t s = 0; s <= FM_SMALL_MAX; s++) {
+      unsigned best = 0;
+      for (unsigned c = 1; c <= FM_NUM_CLASSES && !best; c++)
+        if (fm_class_size[c] >= s && fm_class_size[c] % a == 0) best = c;
+      unsigned got = fm_size_class_aligned(s, a);
+      if (got != best)
+        fail_msg("size %zu align %zu: class %u, the smallest aligned fit is %u", s, a, got, best);
+    }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_class_sizes_match_design),
+      cmocka_unit_test(test_table_matches_formula),
+      cmocka_unit_test(test_smallest_fitting_class),
+      cmocka_unit_test(test_aligned_class),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

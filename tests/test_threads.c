@@ -1,0 +1,527 @@
+/* Threads: random malloc/free/realloc with payload checks in 8 threads, producer/consumer
+ * frees, errno under contended locks, short-lived threads, thread exit with cached blocks,
+ * allocation from a pthread key destructor that runs after fastmalloc's own, calloc after
+ * remote frees. Worker threads never call cmocka: they count failures for the main thread. */
+#include "fm_test.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* Failures seen in worker threads: counted, the first one described by what went wrong
+ * and a number (the block size unless the text says otherwise). */
+static atomic_uint failures;
+static char first_failure[256];
+
+static void record_failure(const char *what, size_t value) {
+  if (atomic_fetch_add(&failures, 1) == 0)
+    snprintf(first_failure, sizeof first_failure, "%s: %zu", what, value);
+}
+
+static void assert_no_failures(void) {
+  unsigned f = atomic_exchange(&failures, 0);
+  if (f) fail_msg("%u failures in threads; first: %s", f, first_failure);
+}
+
+/* A self-describing block: its size and seed in the first 16 bytes, the pattern after. */
+struct block_head {
+  size_t n;
+  uint64_t seed;
+};
+
+static void block_write(void *p, size_t n, uint64_t seed) {
+  struct block_head h = {n, seed};
+  memcpy(p, &h, sizeof h);
+  fmt_fill((char *)p + sizeof h, n - sizeof h, seed);
+}
+
+/* Checks the block's first min(recorded size, upto) bytes, its owner and its usable size;
+ * returns its recorded size (0 when the header itself is corrupted). */
+static size_t block_verify(const void *p, size_t upto) {
+  struct block_head h;
+  memcpy(&h, p, sizeof h);
+  size_t n = h.n < upto ? h.n : upto;
+  if (h.n < sizeof h || !fmt_check((const char *)p + sizeof h, n - sizeof h, h.seed)) {
+    record_failure("payload corrupted", h.n);
+    return 0;
+  }
+  if (!fm_owns(p)) record_failure("block not owned by fastmalloc", h.n);
+  if (malloc_usable_size((void *)p) < n) record_failure("usable size below request", n);
+  return h.n;
+}
+
+static size_t random_size(uint64_t *rng) {
+  unsigned r = (unsigned)(fmt_rand(rng) % 1000);
+  uint64_t x = fmt_rand(rng);
+  if (r < 800) return 16 + x % 241;
+  if (r < 970) return 257 + x % 7936;
+  if (r < 998) return 8193 + x % 24576;
+  return 32769 + x % (224 * FMT_KIB);
+}
+
+static void block_free(void *p) {
+  errno = 99;
+  free(p);
+  if (errno != 99) record_failure("free changed errno from 99 to", (size_t)errno);
+}
+
+/* ---- 8 threads of random operations, trading blocks through a shared exchange ---- */
+
+enum { RT_THREADS = 8, RT_SLOTS = 256, RT_OPS = 50000, RT_EXCHANGE = 64 };
+static _Atomic(void *) exchange[RT_EXCHANGE];
+
+static void *random_worker(void *arg) {
+  uint64_t rng = fmt_seed_state((uintptr_t)arg);
+  void *slot[RT_SLOTS] = {0};
+  for (int op = 0; op < RT_OPS; op++) {
+    unsigned s = (unsigned)(fmt_rand(&rng) % RT_SLOTS), r = (unsigned)(fmt_rand(&rng) % 100);
+    uint64_t seed = fmt_rand(&rng);
+    if (!slot[s]) {
+      size_t n = random_size(&rng);
+      void *p;
+      if (r < 80) {
+        p = malloc(n);
+      } else if (r < 90) {
+        p = calloc(1, n);
+        if (p && !fmt_is_zero(p, n)) record_failure("calloc not zeroed", n);
+      } else if (r < 95) {
+        p = memalign(r % 2 ? 64 : 4096, n);
+        if (p && !fmt_aligned(p, r % 2 ? 64 : 4096)) record_failure("memalign misaligned", n);
+      } else {
+        p = realloc(NULL, n);
+      }
+      if (!p) {
+        record_failure("allocation failed", n);
+        continue;
+      }
+      block_write(p, n, seed);
+      slot[s] = p;
+      continue;
+    }
+    size_t n = block_verify(slot[s], SIZE_MAX);
+    if (r < 45) {
+      block_free(slot[s]);
+      slot[s] = NULL;
+    } else if (r < 75) {
+      size_t m = random_size(&rng);
+      void *q = realloc(slot[s], m);
+      if (!q) {
+        record_failure("realloc failed", m);
+        continue;
+      }
+      block_verify(q, m);
+      block_write(q, m, seed);
+      slot[s] = q;
+    } else if (r < 90) {
+      slot[s] = atomic_exchange(&exchange[seed % RT_EXCHANGE], slot[s]);
+      if (slot[s]) block_verify(slot[s], SIZE_MAX);
+    } else {
+      /* Scribble over the slack past the request: it must belong to this block alone. */
+      memset((char *)slot[s] + n, 0xCD, malloc_usable_size(slot[s]) - n);
+    }
+  }
+  for (int s = 0; s < RT_SLOTS; s++)
+    if (slot[s]) {
+      block_verify(slot[s], SIZE_MAX);
+      block_free(slot[s]);
+    }
+  return NULL;
+}
+
+static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
+
+static void test_random_8_threads(void **state) {
+  pthread_t t[RT_THREADS];
+  for (uintptr_t i = 0; i < RT_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, random_worker, (void *)(i + 1)), 0);
+  for (int i = 0; i < RT_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (int i = 0; i < RT_EXCHANGE; i++) {
+    void *p = atomic_exchange(&exchange[i], NULL);
+    if (p) {
+      block_verify(p, SIZE_MAX);
+      free(p);
+    }
+  }
+  assert_no_failures();
+}
+
+/* ---- producer/consumer: every block is freed by a thread that did not allocate it ---- */
+
+enum { PC_PRODUCERS = 2, PC_CONSUMERS = 2, PC_BLOCKS = 100000, PC_QUEUE = 1024, PC_BATCH = 32 };
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t not_empty, not_full;
+  void *item[PC_QUEUE];
+  unsigned head, count, producers_done;
+} queue = {.lock = PTHREAD_MUTEX_INITIALIZER,
+           .not_empty = PTHREAD_COND_INITIALIZER,
+           .not_full = PTHREAD_COND_INITIALIZER};
+
+static void *producer(void *arg) {
+  uint64_t rng = fmt_seed_state((uintptr_t)arg);
+  for (int i = 0; i < PC_BLOCKS; i++) {
+    size_t n = fmt_rand(&rng) % 100 ? 16 + fmt_rand(&rng) % 4080 : 4096 + fmt_rand(&rng) % 61440;
+    void *p = malloc(n);
+    if (!p) {
+      record_failure("producer malloc failed", n);
+      continue;
+    }
+    block_write(p, n, fmt_rand(&rng));
+    pthread_mutex_lock(&queue.lock);
+    while (queue.count == PC_QUEUE) pthread_cond_wait(&queue.not_full, &queue.lock);
+    queue.item[(queue.head + queue.count++) % PC_QUEUE] = p;
+    pthread_cond_signal(&queue.not_empty);
+    pthread_mutex_unlock(&queue.lock);
+  }
+  pthread_mutex_lock(&queue.lock);
+  queue.producers_done++;
+  pthread_cond_broadcast(&queue.not_empty);
+  pthread_mutex_unlock(&queue.lock);
+  return NULL;
+}
+
+static void *consumer(void *arg) {
+  for (;;) {
+    void *got[PC_BATCH];
+    unsigned n = 0;
+    pthread_mutex_lock(&queue.lock);
+    while (queue.count == 0 && queue.producers_done < PC_PRODUCERS)
+      pthread_cond_wait(&queue.not_empty, &queue.lock);
+    while (n < PC_BATCH && queue.count) {
+      got[n++] = queue.item[queue.head];
+      queue.head = (queue.head + 1) % PC_QUEUE;
+      queue.count--;
+    }
+    pthread_cond_broadcast(&queue.not_full);
+    pthread_mutex_unlock(&queue.lock);
+    if (n == 0) return NULL;
+    for (unsigned i = 0; i < n; i++) {
+      size_t len = block_verify(got[i], SIZE_MAX);
+      block_free(got[i]);
+      if (i == 0) {
+        void *z = calloc(1, len ? len : 16);
+        if (!z || !fmt_is_zero(z, len)) record_failure("calloc after remote free", len);
+        free(z);
+      }
+    }
+  }
+}
+
+static void producer_consumer_round(void) {
+  pthread_t p[PC_PRODUCERS], c[PC_CONSUMERS];
+  queue.producers_done = 0;
+  for (uintptr_t i = 0; i < PC_CONSUMERS; i++)
+    assert_int_equal(pthread_create(&c[i], NULL, consumer, NULL), 0);
+  for (uintptr_t i = 0; i < PC_PRODUCERS; i++)
+    assert_int_equal(pthread_create(&p[i], NULL, producer, (void *)(i + 100)), 0);
+  for (int i = 0; i < PC_PRODUCERS; i++) assert_int_equal(pthread_join(p[i], NULL), 0);
+  for (int i = 0; i < PC_CONSUMERS; i++) assert_int_equal(pthread_join(c[i], NULL), 0);
+  assert_int_equal(queue.count, 0);
+}
+
+/* Two rounds; remotely freed blocks must come back to use, so the second round maps
+ * little more than the first (each round allocates about 500 MB in total). */
+static void test_producer_consumer(void **state) {
+  producer_consumer_round();
+  assert_no_failures();
+  size_t after_first = fm_mapped_bytes();
+  producer_consumer_round();
+  assert_no_failures();
+  size_t after_second = fm_mapped_bytes();
+  if (after_second > after_first + 16 * FMT_MIB)
+    fail_msg("mapped %zu after round 1, %zu after round 2", after_first, after_second);
+}
+
+/* ---- 8 threads overflowing their caches at once: contended arena locks ---- */
+
+enum { CT_THREADS = 8, CT_BLOCKS = 20000, CT_ROUNDS = 400 };
+
+/* Batches larger than a thread cache, so every round refills and flushes through the
+ * arenas; free must keep errno even when it waits for a lock. */
+static void *contended_worker(void *arg) {
+  void **b = malloc(CT_BLOCKS * sizeof *b);
+  if (!b) {
+    record_failure("malloc failed", CT_BLOCKS * sizeof *b);
+    return NULL;
+  }
+  for (int r = 0; r < CT_ROUNDS; r++) {
+    for (int i = 0; i < CT_BLOCKS; i++)
+      if (!(b[i] = malloc(16 + (size_t)(i % 8) * 16))) record_failure("malloc failed", 16);
+    for (int i = 0; i < CT_BLOCKS; i++) block_free(b[i]);
+  }
+  free(b);
+  return NULL;
+}
+
+static void test_contended_free_keeps_errno(void **state) {
+  pthread_t t[CT_THREADS];
+  for (int i = 0; i < CT_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, contended_worker, NULL), 0);
+  for (int i = 0; i < CT_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  assert_no_failures();
+}
+
+/* ---- short-lived threads ---- */
+
+/* One block of every class and two large ones, filled and freed: the thread exits with
+ * its cache full. */
+static void *short_lived(void *arg) {
+  size_t cls[FMT_MAX_CLASSES + 2];
+  unsigned nc = fmt_class_sizes(cls);
+  cls[nc++] = 64 * FMT_KIB + 1;
+  cls[nc++] = 300 * FMT_KIB;
+  void *p[FMT_MAX_CLASSES + 2];
+  for (unsigned i = 0; i < nc; i++) {
+    if (!(p[i] = malloc(cls[i]))) {
+      record_failure("short-lived malloc failed", cls[i]);
+      return NULL;
+    }
+    block_write(p[i], cls[i], i + (uintptr_t)arg);
+  }
+  for (unsigned i = 0; i < nc; i++) {
+    block_verify(p[i], SIZE_MAX);
+    free(p[i]);
+  }
+  return NULL;
+}
+
+static void run_short_lived(unsigned rounds, unsigned width) {
+  for (unsigned r = 0; r < rounds; r++) {
+    pthread_t t[8];
+    for (uintptr_t i = 0; i < width; i++)
+      assert_int_equal(pthread_create(&t[i], NULL, short_lived, (void *)(r * width + i)), 0);
+    for (unsigned i = 0; i < width; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  }
+}
+
+/* 1000 threads (4 at a time) map no more than a chunk beyond what the first 48 did;
+ * each thread touches about 500 KiB, so leaked caches would cost hundreds of MiB. */
+static void test_short_lived_threads(void **state) {
+  run_short_lived(12, 4);
+  assert_no_failures();
+  size_t warm = fm_mapped_bytes();
+  run_short_lived(250, 4);
+  assert_no_failures();
+  size_t after = fm_mapped_bytes();
+  if (after > warm + 4 * FMT_MIB)
+    fail_msg("mapped %zu after 48 threads, %zu after 1000 more", warm, after);
+}
+
+/* ---- a thread exits holding cached blocks, its own and others' ---- */
+
+enum { EX_BLOCKS = 2000 };
+static void *main_blocks[EX_BLOCKS];
+
+static void *exit_with_cache(void *arg) {
+  uintptr_t round = (uintptr_t)arg;
+  void **mine = malloc(EX_BLOCKS * sizeof *mine);
+  if (!mine) {
+    record_failure("malloc in exiting thread failed", EX_BLOCKS * sizeof *mine);
+    return NULL;
+  }
+  for (unsigned i = 0; i < EX_BLOCKS; i++) {
+    size_t n = 16 + (i * 37) % 3000;
+    if (!(mine[i] = malloc(n))) {
+      record_failure("malloc in exiting thread failed", n);
+      return NULL;
+    }
+    block_write(mine[i], n, round * EX_BLOCKS + i);
+  }
+  for (unsigned i = 0; i < EX_BLOCKS; i++) {
+    block_verify(mine[i], SIZE_MAX);
+    free(mine[i]);
+  }
+  for (unsigned i = 0; i < EX_BLOCKS; i += 2) {
+    block_verify(main_blocks[i], SIZE_MAX);
+    free(main_blocks[i]);
+  }
+  free(mine);
+  return NULL;
+}
+
+static void test_exit_holding_cache(void **state) {
+  size_t warm = 0;
+  for (uintptr_t round = 0; round < 100; round++) {
+    for (unsigned i = 0; i < EX_BLOCKS; i++) {
+      size_t n = 16 + (i * 53) % 3000;
+      assert_non_null(main_blocks[i] = malloc(n));
+      block_write(main_blocks[i], n, i + 7);
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, exit_with_cache, (void *)round), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    /* The exited thread's blocks come back to use; all must be distinct and intact. */
+    void *fresh[EX_BLOCKS];
+    for (unsigned i = 0; i < EX_BLOCKS; i++) {
+      size_t n = 16 + (i * 37) % 3000;
+      assert_non_null(fresh[i] = malloc(n));
+      block_write(fresh[i], n, 1000000 + i);
+    }
+    for (unsigned i = 0; i < EX_BLOCKS; i++) {
+      block_verify(fresh[i], SIZE_MAX);
+      free(fresh[i]);
+      if (i % 2) {
+        block_verify(main_blocks[i], SIZE_MAX);
+        free(main_blocks[i]);
+      }
+    }
+    assert_no_failures();
+    if (round == 4) warm = fm_mapped_bytes();
+  }
+  size_t after = fm_mapped_bytes();
+  if (after > warm + 8 * FMT_MIB) fail_msg("mapped %zu after 5 rounds, %zu after 100", warm, after);
+}
+
+/* ---- a key destructor that runs after fastmalloc's thread-exit flush ---- */
+
+enum { KEYS = 40, KD_BLOCKS = 64 };
+static pthread_key_t late_key;
+static atomic_uint destructor_rounds;
+
+struct bundle {
+  unsigned round;
+  void *block[KD_BLOCKS];
+};
+
+/* Verifies and frees the thread's blocks, then allocates, reallocs and frees with no
+ * thread cache left; re-arms itself once so it also runs in glibc's second round. */
+static void late_destructor(void *arg) {
+  struct bundle *b = arg;
+  for (unsigned i = 0; i < KD_BLOCKS; i++) {
+    if (b->block[i]) {
+      block_verify(b->block[i], SIZE_MAX);
+      free(b->block[i]);
+    }
+    size_t n = 16 + i * 200 + (i == KD_BLOCKS - 1) * 100000;
+    b->block[i] = malloc(n);
+    if (!b->block[i]) {
+      record_failure("malloc in destructor failed", n);
+      continue;
+    }
+    block_write(b->block[i], n, i * 3 + b->round);
+  }
+  for (unsigned i = 0; i < KD_BLOCKS; i += 2) {
+    size_t n = 40 + i * 500;
+    void *q = realloc(b->block[i], n);
+    if (!q) {
+      record_failure("realloc in destructor failed", n);
+      continue;
+    }
+    block_verify(q, n);
+    block_write(q, n, i);
+    b->block[i] = q;
+  }
+  unsigned char *z = calloc(100, 10);
+  if (!z || !fmt_is_zero(z, 1000)) record_failure("calloc in destructor", 1000);
+  free(z);
+  atomic_fetch_add(&destructor_rounds, 1);
+  if (b->round++ == 0) {
+    if (pthread_setspecific(late_key, b)) record_failure("re-arming the key failed, key", late_key);
+    return;
+  }
+  for (unsigned i = 0; i < KD_BLOCKS; i++) {
+    if (b->block[i]) block_verify(b->block[i], SIZE_MAX);
+    free(b->block[i]);
+  }
+  free(b);
+}
+
+static void *key_thread(void *arg) {
+  struct bundle *b = calloc(1, sizeof *b);
+  if (!b) {
+    record_failure("calloc failed", sizeof *b);
+    return NULL;
+  }
+  for (unsigned i = 0; i < KD_BLOCKS; i++) {
+    size_t n = 16 + i * 100;
+    if ((b->block[i] = malloc(n))) block_write(b->block[i], n, i);
+  }
+  void *junk[200];
+  for (int i = 0; i < 200; i++) junk[i] = malloc(16 + (size_t)i * 8);
+  for (int i = 0; i < 200; i++) free(junk[i]);
+  if (pthread_setspecific(late_key, b)) record_failure("pthread_setspecific failed, key", late_key);
+  return NULL;
+}
+
+static void test_key_destructor_after_cache(void **state) {
+  free(malloc(1)); /* fastmalloc is set up, so its key is older than ours */
+  pthread_key_t filler[KEYS];
+  for (int i = 0; i < KEYS; i++) assert_int_equal(pthread_key_create(&filler[i], NULL), 0);
+  assert_int_equal(pthread_key_create(&late_key, late_destructor), 0);
+  assert_true(late_key >= 32); /* pthread_setspecific callocs its second-level block */
+  for (uintptr_t i = 0; i < 20; i++) {
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, key_thread, (void *)i), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+  }
+  assert_no_failures();
+  assert_int_equal(atomic_load(&destructor_rounds), 40);
+  pthread_key_delete(late_key);
+  for (int i = 0; i < KEYS; i++) pthread_key_delete(filler[i]);
+}
+
+/* ---- dirty blocks freed by another thread come back zeroed from calloc ---- */
+
+enum { CZ_BLOCKS = 5000 };
+static void *dirty[CZ_BLOCKS];
+
+static void *dirty_allocator(void *arg) {
+  for (unsigned i = 0; i < CZ_BLOCKS; i++) {
+    if (!(dirty[i] = malloc(16 + (i * 16) % 2048))) {
+      record_failure("malloc failed", 16 + (i * 16) % 2048);
+      continue;
+    }
+    memset(dirty[i], 0xEE, malloc_usable_size(dirty[i]));
+  }
+  return NULL;
+}
+
+static void *dirty_freer(void *arg) {
+  for (unsigned i = 0; i < CZ_BLOCKS; i++) free(dirty[i]);
+  return NULL;
+}
+
+static void *zero_checker(void *arg) {
+  void **p = malloc(CZ_BLOCKS * sizeof *p);
+  if (!p) {
+    record_failure("malloc failed", CZ_BLOCKS * sizeof *p);
+    return NULL;
+  }
+  for (unsigned i = 0; i < CZ_BLOCKS; i++) {
+    size_t n = 16 + (i * 16) % 2048;
+    p[i] = calloc(n, 1);
+    if (!p[i] || !fmt_is_zero(p[i], n)) record_failure("calloc after remote free", n);
+  }
+  for (unsigned i = 0; i < CZ_BLOCKS; i++) free(p[i]);
+  free(p);
+  return NULL;
+}
+
+static void test_calloc_after_remote_free(void **state) {
+  for (int round = 0; round < 5; round++) {
+    void *(*steps[])(void *) = {dirty_allocator, dirty_freer, zero_checker};
+    for (int s = 0; s < 3; s++) {
+      pthread_t t;
+      assert_int_equal(pthread_create(&t, NULL, steps[s], NULL), 0);
+      assert_int_equal(pthread_join(t, NULL), 0);
+    }
+    dirty_allocator(NULL);
+    dirty_freer(NULL);
+    zero_checker(NULL);
+  }
+  assert_no_failures();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_uses_fastmalloc),
+      cmocka_unit_test(test_random_8_threads),
+      cmocka_unit_test(test_producer_consumer),
+      cmocka_unit_test(test_contended_free_keeps_errno),
+      cmocka_unit_test(test_short_lived_threads),
+      cmocka_unit_test(test_exit_holding_cache),
+      cmocka_unit_test(test_key_destructor_after_cache),
+      cmocka_unit_test(test_calloc_after_remote_free),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
