@@ -66,12 +66,19 @@ bool os_make_writable(void *addr, size_t size) {
   return mprotect((void *)start, end - start, PROT_READ | PROT_WRITE) == 0;
 }
 
+/* free() never changes errno, so the calls it can reach keep it. */
 void os_unmap(void *addr, size_t size) {
+  int saved = errno;
   munmap(addr, size);
   os_mapped -= size;
+  errno = saved;
 }
 
-void os_purge(void *addr, size_t size) { madvise(addr, size, MADV_DONTNEED); }
+void os_purge(void *addr, size_t size) {
+  int saved = errno;
+  madvise(addr, size, MADV_DONTNEED);
+  errno = saved;
+}
 
 void *os_remap(void *addr, size_t old_size, size_t new_size, void *dest) {
   void *p = dest ? mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest)
@@ -118,11 +125,15 @@ const char *os_getenv(const char *name) {
 }
 
 void os_futex_wait(int *addr, int expected) {
+  int saved = errno;   /* EAGAIN when the value already changed */
   syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+  errno = saved;
 }
 
 void os_futex_wake_one(int *addr) {
+  int saved = errno;
   syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+  errno = saved;
 }
 
 void fm_lock_contended(fm_lock_t *lock) {
