@@ -42,12 +42,6 @@ static void span_list_remove(fm_span **list, fm_span *span) {
   span->listed = 0;
 }
 
-static void span_reset(fm_span *span) {
-  span->free = NULL;
-  span->used = 0;
-  span->bump = span_start(span);
-}
-
 /* A fresh span of `units` units from any chunk of the arena, or a new chunk. */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
@@ -67,8 +61,8 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
 static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   fm_span *span = arena->spare[cls];
   if (span) {
-    arena->spare[cls] = NULL;
-    span_reset(span);
+    arena->spare[cls] = NULL;   /* empty: every bit is already set */
+    span->scan = 0;
   } else {
     span = arena_take_span(arena, span_units[cls], cls);
     if (!span) return NULL;
@@ -86,33 +80,32 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr
   while (got < want) {
     fm_span *span = arena->partial[cls];
     if (!span && !(span = arena_new_span(arena, cls))) break;
-    unsigned before = got;
-    if (span->free) {
-      /* Move a prefix of the span's list: the links inside it stay valid. */
-      char *first = span->free, *last = first;
-      for (got++; got < want; got++) {
-        void *next = fm_decode(*(uintptr_t *)last);
-        if (!next) break;
-        if (fm_unlikely((uintptr_t)next & 15)) os_fatal("corrupted free list at", last);
-        last = next;
+    /* Take free blocks in address order, linking each to the next; the last of this
+     * span links to what earlier spans gave. */
+    uint64_t *bits = span_free_bits(span);
+    char *start = span_start(span);
+    uint32_t words = (span->capacity + 63) / 64, w = span->scan, taken = 0;
+    char *first = NULL, *last = NULL;
+    for (; w < words && got + taken < want; w++) {
+      uint64_t word = bits[w];
+      while (word && got + taken < want) {
+        char *block = start + ((size_t)w * 64 + (unsigned)__builtin_ctzll(word)) * size;
+        word &= word - 1;
+        if (last) *(uintptr_t *)last = fm_encode(block);
+        else first = block;
+        last = block;
+        taken++;
       }
-      span->free = fm_decode(*(uintptr_t *)last);
-      *(uintptr_t *)last = fm_encode(head);
-      head = first;
+      bits[w] = word;
+      if (word) break;
     }
-    size_t fresh = (size_t)(span->end - span->bump) / size;
-    if (fresh > want - got) fresh = want - got;
-    if (fresh) {
-      /* Never-used blocks, linked in address order; only these lines are touched. */
-      char *block = span->bump;
-      for (size_t i = 1; i < fresh; i++, block += size) *(uintptr_t *)block = fm_encode(block + size);
-      *(uintptr_t *)block = fm_encode(head);
-      head = span->bump;
-      span->bump = block + size;
-      got += (unsigned)fresh;
-    }
-    span->used += got - before;
-    if (!span->free && span->bump >= span->end) span_list_remove(&arena->partial[cls], span);
+    span->scan = w;
+    fm_assert(taken > 0);   /* a listed span has a free block */
+    *(uintptr_t *)last = fm_encode(head);
+    head = first;
+    got += taken;
+    span->used += taken;
+    if (span->used == span->capacity) span_list_remove(&arena->partial[cls], span);
   }
   fm_unlock(&arena->lock, threaded);
   *chain = (uintptr_t)head;
@@ -138,17 +131,24 @@ static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   chunk_give_back_span(span);
 }
 
-static void arena_return_block(fm_arena *arena, fm_span *span, void *p) {
+/* Index of block p in its small-class span, or a fatal report if p is not a block. */
+static uint32_t span_block_index(fm_span *span, const void *p) {
   unsigned cls = span->cls;
-  size_t offset = (size_t)((char *)p - span_start(span));
+  size_t offset = (size_t)((const char *)p - span_start(span));
   size_t index = (size_t)((offset * span_divisor[cls]) >> 40);
   if (fm_unlikely(cls > FM_NUM_CLASSES || index * fm_class_size[cls] != offset ||
-                  (char *)p >= span->bump || span->used == 0))
+                  index >= span->capacity))
     os_fatal("free(): invalid pointer", p);
-  *(uintptr_t *)p = fm_encode(span->free);
-  ((uintptr_t *)p)[1] = fm_key;
-  span->free = p;
-  if (!span->listed) span_list_push(&arena->partial[cls], span);
+  return (uint32_t)index;
+}
+
+static void arena_return_block(fm_arena *arena, fm_span *span, void *p) {
+  uint32_t index = span_block_index(span, p);
+  uint64_t *word = &span_free_bits(span)[index / 64], bit = (uint64_t)1 << (index % 64);
+  if (fm_unlikely(*word & bit)) os_fatal("free(): double free detected", p);
+  *word |= bit;
+  if (index / 64 < span->scan) span->scan = index / 64;
+  if (!span->listed) span_list_push(&arena->partial[span->cls], span);
   if (--span->used == 0) arena_span_emptied(arena, span);
 }
 
@@ -202,21 +202,49 @@ void arena_free_span_large(void *p) {
 
 size_t arena_span_large_size(const void *p) { return span_bytes(span_of(p)); }
 
-bool arena_span_holds_free(void *p) {
+bool arena_block_is_free(void *p) {
   fm_span *span = span_of(p);
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
-  bool found = false;
   fm_lock(&arena->lock, threaded);
-  size_t limit = span_bytes(span) / 16;
-  for (void *b = span->free; b && limit--; b = fm_decode(*(uintptr_t *)b)) {
-    if (b == p) {
-      found = true;
-      break;
+  uint32_t index = span_block_index(span, p);
+  bool is_free = span_free_bits(span)[index / 64] >> (index % 64) & 1;
+  fm_unlock(&arena->lock, threaded);
+  return is_free;
+}
+
+/* True when blocks first..last (inclusive) of the span are all free. */
+static bool blocks_all_free(const uint64_t *bits, uint32_t first, uint32_t last) {
+  for (uint32_t i = first; i <= last;) {
+    uint32_t w = i / 64, lo = i % 64, hi = (last / 64 == w) ? last % 64 : 63;
+    uint64_t mask = (hi == 63 ? ~(uint64_t)0 : (((uint64_t)1 << (hi + 1)) - 1)) & (~(uint64_t)0 << lo);
+    if ((bits[w] & mask) != mask) return false;
+    i = w * 64 + hi + 1;
+  }
+  return true;
+}
+
+/* Purges the pages of a partly used span that hold only free blocks. */
+static size_t span_purge_free_pages(fm_span *span) {
+  size_t size = fm_class_size[span->cls], released = 0;
+  char *start = span_start(span);
+  const uint64_t *bits = span_free_bits(span);
+  size_t pages = (span->capacity * size) / FM_PAGE_SIZE, run = 0;
+  for (size_t page = 0; page <= pages; page++) {
+    bool purgeable = false;
+    if (page < pages) {
+      size_t from = page * FM_PAGE_SIZE, to = from + FM_PAGE_SIZE - 1;
+      purgeable = blocks_all_free(bits, (uint32_t)(from / size), (uint32_t)(to / size));
+    }
+    if (purgeable) {
+      run++;
+    } else if (run) {
+      os_purge(start + (page - run) * FM_PAGE_SIZE, run * FM_PAGE_SIZE);
+      released += run * FM_PAGE_SIZE;
+      run = 0;
     }
   }
-  fm_unlock(&arena->lock, threaded);
-  return found;
+  return released;
 }
 
 size_t arena_purge(fm_arena *arena, bool force) {
@@ -228,6 +256,9 @@ size_t arena_purge(fm_arena *arena, bool force) {
       arena->spare[cls] = NULL;
       chunk_give_back_span(span);
     }
+    if (force)
+      for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
+        released += span_purge_free_pages(partial);
   }
   bool kept_empty = false;
   for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {

@@ -35,11 +35,12 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size);
 void arena_free_span_large(void *p);
 size_t arena_span_large_size(const void *p);
 
-/* Searches the span of p's free list for p (double-free confirmation). */
-bool arena_span_holds_free(void *p);
+/* True when small block p is free in its span (double-free confirmation). */
+bool arena_block_is_free(void *p);
 
-/* Returns the memory of empty spans to the OS: all of it when force, else only what has
- * stayed empty longer than the purge delay. Returns bytes released. */
+/* Returns the memory of empty spans to the OS: all of it, and the free pages inside
+ * partly used spans, when force; else what has stayed empty a whole purge delay.
+ * Returns bytes released. */
 size_t arena_purge(fm_arena *arena, bool force);
 
 void arena_lock_all(void);

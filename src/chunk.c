@@ -83,13 +83,20 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
   span->arena = chunk->arena;
   span->listed = 0;
   span->used = 0;
-  span->free = 0;
   span->next = span->prev = NULL;
-  span->bump = span_start(span);
   size_t block = fm_class_size[cls] ? fm_class_size[cls] : span_bytes(span);
-  span->end = span->bump + span_bytes(span) / block * block;
-  fm_unit_map_set(span->bump, span_bytes(span), (uint8_t)cls);
+  span->capacity = (uint32_t)(span_bytes(span) / block);
+  if (cls <= FM_NUM_CLASSES) span_set_all_free(span);
+  fm_unit_map_set(span_start(span), span_bytes(span), (uint8_t)cls);
   return span;
+}
+
+void span_set_all_free(fm_span *span) {
+  uint64_t *bits = span_free_bits(span);
+  uint32_t full = span->capacity / 64, rest = span->capacity % 64;
+  for (uint32_t w = 0; w < full; w++) bits[w] = ~(uint64_t)0;
+  if (rest) bits[full] = ((uint64_t)1 << rest) - 1;
+  span->scan = 0;
 }
 
 void chunk_give_back_span(fm_span *span) {

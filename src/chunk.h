@@ -9,11 +9,16 @@
 
 struct fm_arena;
 
+/* Free blocks of a span are bits in its chunk's header, not links in the blocks: giving
+ * a block back writes nothing into it, a double free is one bit test, and the pages of
+ * a partly used span whose blocks are all free can be purged without breaking a list. */
+#define FM_SPAN_MAX_BLOCKS (FM_UNIT_SIZE / 16)
+#define FM_SPAN_BITMAP_WORDS (FM_SPAN_MAX_BLOCKS / 64)
+
 typedef struct fm_span {
-  void *free;              /* blocks given back to the span (links encoded) */
-  char *bump;              /* next never-used block */
-  char *end;               /* end of the last whole block */
   uint32_t used;           /* blocks out of the span: in thread caches or with the user */
+  uint32_t capacity;       /* blocks in the span */
+  uint32_t scan;           /* no free bit below this bitmap word */
   uint16_t cls;            /* size class, or FM_CLASS_SPAN_LARGE */
   uint8_t units;           /* length in units */
   uint8_t listed;          /* on its arena's partial list */
@@ -30,7 +35,9 @@ typedef struct fm_chunk {
   uint64_t stale_units;    /* dirty units that were already free at the last purge tick */
   uint8_t head_of[FM_UNITS_PER_CHUNK];   /* unit -> first unit of its span */
   fm_span spans[FM_UNITS_PER_CHUNK];     /* valid at each span's first unit */
+  uint64_t free_bits[FM_UNITS_PER_CHUNK][FM_SPAN_BITMAP_WORDS];  /* bit i: block i is free */
 } fm_chunk;
+_Static_assert(sizeof(fm_chunk) <= FM_UNIT_SIZE, "chunk metadata fits in unit 0");
 
 #define FM_CHUNK_ALL_UNITS (~(uint64_t)1)  /* unit 0 is the metadata */
 
@@ -62,6 +69,14 @@ static inline char *span_start(const fm_span *span) {
 }
 
 static inline size_t span_bytes(const fm_span *span) { return (size_t)span->units * FM_UNIT_SIZE; }
+
+static inline uint64_t *span_free_bits(fm_span *span) {
+  fm_chunk *chunk = chunk_of(span);
+  return chunk->free_bits[span - chunk->spans];
+}
+
+/* Marks every block of a small-class span free. */
+void span_set_all_free(fm_span *span);
 
 /* Free lists are stored encoded, so a stray write into a free block is caught on pop. */
 static fm_always_inline uintptr_t fm_encode(const void *next) { return (uintptr_t)next ^ fm_key; }

@@ -249,7 +249,7 @@ void tcache_free_miss(void *p) {
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   tc = tcache_current();
   if (((uintptr_t *)p)[1] == fm_key &&
-      ((tc != &tcache_dead && tcache_bin_holds(tc, cls, p)) || arena_span_holds_free(p)))
+      ((tc != &tcache_dead && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
     os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc == &tcache_dead)) {
     *(uintptr_t *)p = fm_encode(NULL);
