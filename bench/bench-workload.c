@@ -1,0 +1,648 @@
+/* bench-workload NAME [--parallel[=N]] [--scale K]: workloads modelled on WebKit's MallocBench
+ * and on the memory issues of real services (thread churn, many threads, fragmentation).
+ * Prints one JSON line: time, peak RSS, RSS after everything was freed, and after malloc_trim(0).
+ * `bench-workload --list` names them. Scale 1 is the quick size (well under a second each). */
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench-common.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define PAGE 4096
+
+/* What one running copy of a workload gets: with --parallel, each thread runs its own copy. */
+struct ctx {
+    double scale;
+    bench_rng rng;
+    uint64_t ops;    /* allocations made, reported as "ops" */
+};
+
+/* n scaled, at least 1. */
+static size_t scaled(const struct ctx *c, double n)
+{
+    double v = n * c->scale;
+    return v < 1 ? 1 : (size_t)v;
+}
+
+static void *xmalloc(struct ctx *c, size_t n)
+{
+    void *p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "bench-workload: malloc(%zu) failed\n", n);
+        exit(1);
+    }
+    c->ops++;
+    bench_escape(p);
+    return p;
+}
+
+/* The byte touch_pages writes at offset off (a page boundary): never 0, so a lost page shows. */
+static char page_mark(size_t off)
+{
+    return (char)((off / PAGE) | 1);
+}
+
+/* Writes one byte in every page of p[from, to), from a page boundary: the memory is really used. */
+static void touch_pages(char *p, size_t from, size_t to)
+{
+    for (size_t off = from; off < to; off += PAGE)
+        ((volatile char *)p)[off] = page_mark(off);
+}
+
+static size_t uniform(struct ctx *c, size_t lo, size_t hi) /* [lo, hi] */
+{
+    return lo + bench_rng_below(&c->rng, hi - lo + 1);
+}
+
+/* A size mix is a list of bands; a percentile drawn below a band's `below` (and not below an
+ * earlier band's) picks a size uniformly in [lo, hi]. The last band has below = 100. */
+struct band {
+    unsigned below;
+    size_t lo, hi;
+};
+
+static size_t mixed_size(struct ctx *c, const struct band *band)
+{
+    unsigned pick = (unsigned)bench_rng_below(&c->rng, 100);
+    while (pick >= band->below)
+        band++;
+    return uniform(c, band->lo, band->hi);
+}
+
+static void run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size)
+{
+    pthread_t *t = malloc((size_t)n * sizeof *t);
+    if (!t)
+        exit(1);
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&t[i], NULL, fn, (char *)args + (size_t)i * arg_size) != 0) {
+            perror("pthread_create");
+            exit(1);
+        }
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    free(t);
+}
+
+/* ---- churn: many short-lived small objects (a FIFO of 64 live ones) ---- */
+static void churn(struct ctx *c)
+{
+    static const unsigned sizes[] = {16, 24, 32, 48, 64, 80, 96, 128, 160, 256};
+    void *ring[64] = {0};
+    size_t n = scaled(c, 20e6);
+    for (size_t i = 0; i < n; i++) {
+        unsigned k = i & 63;
+        free(ring[k]);
+        ring[k] = xmalloc(c, sizes[bench_rng_below(&c->rng, 10)]);
+        *(size_t *)ring[k] = i;
+    }
+    for (int k = 0; k < 64; k++)
+        free(ring[k]);
+}
+
+/* ---- list: build linked lists of nodes with payloads, unlink a third, grow, walk, free ---- */
+struct lnode {
+    struct lnode *next;
+    char *payload;
+    size_t len;
+};
+
+static struct lnode *list_push(struct ctx *c, struct lnode *head)
+{
+    struct lnode *n = xmalloc(c, sizeof *n);
+    n->len = uniform(c, 8, 248);
+    n->payload = xmalloc(c, n->len);
+    memset(n->payload, (int)n->len, n->len);
+    n->next = head;
+    return n;
+}
+
+static void list_free_node(struct lnode *n)
+{
+    free(n->payload);
+    free(n);
+}
+
+static void list(struct ctx *c)
+{
+    size_t reps = scaled(c, 100), len = 20000;
+    size_t sum = 0;
+    for (size_t r = 0; r < reps; r++) {
+        struct lnode *head = NULL;
+        for (size_t i = 0; i < len; i++)
+            head = list_push(c, head);
+        for (struct lnode *n = head; n && n->next; n = n->next) { /* unlink every third */
+            if (bench_rng_below(&c->rng, 3) == 0) {
+                struct lnode *dead = n->next;
+                n->next = dead->next;
+                list_free_node(dead);
+            }
+        }
+        for (size_t i = 0; i < len / 3; i++)
+            head = list_push(c, head);
+        for (struct lnode *n = head; n; n = n->next)
+            sum += (unsigned char)n->payload[n->len - 1];
+        while (head) {
+            struct lnode *next = head->next;
+            list_free_node(head);
+            head = next;
+        }
+    }
+    bench_escape(&sum);
+}
+
+/* ---- tree: a binary search tree with payloads; insert, then replace random keys ---- */
+struct tnode {
+    struct tnode *child[2];
+    uint64_t key;
+    char *payload;
+};
+
+static void tree_insert(struct ctx *c, struct tnode **root, uint64_t key)
+{
+    struct tnode **at = root;
+    while (*at)
+        at = &(*at)->child[key > (*at)->key];
+    struct tnode *n = xmalloc(c, sizeof *n);
+    n->child[0] = n->child[1] = NULL;
+    n->key = key;
+    size_t len = uniform(c, 8, 120);
+    n->payload = xmalloc(c, len);
+    memset(n->payload, 0x5a, len);
+    *at = n;
+}
+
+/* Unlinks the node holding key (present) and frees it; a node with two children takes its successor's place. */
+static void tree_delete(struct tnode **root, uint64_t key)
+{
+    struct tnode **at = root;
+    while ((*at)->key != key)
+        at = &(*at)->child[key > (*at)->key];
+    struct tnode *dead = *at;
+    if (!dead->child[0] || !dead->child[1]) {
+        *at = dead->child[dead->child[0] == NULL];
+    } else {
+        struct tnode **succ = &dead->child[1];
+        while ((*succ)->child[0])
+            succ = &(*succ)->child[0];
+        struct tnode *s = *succ;
+        *succ = s->child[1];
+        s->child[0] = dead->child[0];
+        s->child[1] = dead->child[1];
+        *at = s;
+    }
+    free(dead->payload);
+    free(dead);
+}
+
+static void tree_free(struct tnode *n)
+{
+    while (n) { /* recurse on the left, loop on the right */
+        tree_free(n->child[0]);
+        struct tnode *right = n->child[1];
+        free(n->payload);
+        free(n);
+        n = right;
+    }
+}
+
+static void tree(struct ctx *c)
+{
+    size_t reps = scaled(c, 4), size = 40000;
+    uint64_t *keys = xmalloc(c, size * sizeof *keys);
+    for (size_t r = 0; r < reps; r++) {
+        struct tnode *root = NULL;
+        for (size_t i = 0; i < size; i++) {
+            keys[i] = bench_rng_next(&c->rng);
+            tree_insert(c, &root, keys[i]);
+        }
+        for (size_t i = 0; i < 2 * size; i++) {
+            size_t k = bench_rng_below(&c->rng, size);
+            tree_delete(&root, keys[k]);
+            keys[k] = bench_rng_next(&c->rng);
+            tree_insert(c, &root, keys[k]);
+        }
+        tree_free(root);
+    }
+    free(keys);
+}
+
+/* ---- fragment: allocate many small blocks, free every other, allocate larger ones in the gaps ---- */
+static void fragment(struct ctx *c)
+{
+    size_t reps = scaled(c, 8), n = 200000;
+    char **blocks = xmalloc(c, n * sizeof *blocks);
+    for (size_t r = 0; r < reps; r++) {
+        for (size_t i = 0; i < n; i++) {
+            size_t len = 16 + 8 * bench_rng_below(&c->rng, 15); /* 16..128 */
+            blocks[i] = xmalloc(c, len);
+            blocks[i][0] = (char)i;
+        }
+        for (size_t i = 0; i < n; i += 2)
+            free(blocks[i]);
+        for (size_t i = 0; i < n; i += 2) {
+            size_t len = 144 + 16 * bench_rng_below(&c->rng, 8); /* 144..256 */
+            blocks[i] = xmalloc(c, len);
+            blocks[i][0] = (char)i;
+        }
+        for (size_t i = 0; i < n; i++)
+            free(blocks[i]);
+    }
+    free(blocks);
+}
+
+/* ---- medium and big: random replacement in a small set of live blocks, every page used ---- */
+static void replace_loop(struct ctx *c, size_t live, size_t iterations, size_t lo, size_t hi)
+{
+    void **slot = calloc(live, sizeof *slot);
+    if (!slot)
+        exit(1);
+    for (size_t i = 0; i < iterations; i++) {
+        size_t k = bench_rng_below(&c->rng, live);
+        free(slot[k]);
+        size_t len = uniform(c, lo, hi);
+        slot[k] = xmalloc(c, len);
+        touch_pages(slot[k], 0, len);
+    }
+    for (size_t k = 0; k < live; k++)
+        free(slot[k]);
+    free(slot);
+}
+
+static void medium(struct ctx *c)
+{
+    replace_loop(c, 128, scaled(c, 600000), 8 * KIB, 64 * KIB);
+}
+
+static void big(struct ctx *c)
+{
+    replace_loop(c, 8, scaled(c, 300), 1 * MIB, 8 * MIB);
+}
+
+/* ---- big-loop: malloc, use and free a few MiB (2..8 MiB in turn), over and over ---- */
+static void big_loop(struct ctx *c)
+{
+    size_t n = scaled(c, 1500);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = (2 + i % 7) * MIB;
+        char *p = xmalloc(c, len);
+        touch_pages(p, 0, len);
+        free(p);
+    }
+}
+
+/* ---- realloc-grow: grow one buffer in 64 KiB steps, using each new page, to 64 MiB at scale 1;
+ * larger scales grow further, up to 256 MiB (scale 4), then repeat the growth. ---- */
+static void realloc_grow(struct ctx *c)
+{
+    size_t step = 64 * KIB;
+    size_t top = c->scale >= 4 ? 256 * MIB : (size_t)(c->scale * 64) * MIB;
+    size_t reps = scaled(c, 0.25);
+    if (top < step)
+        top = step;
+    for (size_t r = 0; r < reps; r++) {
+        char *buf = NULL;
+        for (size_t len = step; len <= top; len += step) {
+            char *p = realloc(buf, len);
+            if (!p) {
+                fprintf(stderr, "bench-workload: realloc(%zu) failed\n", len);
+                exit(1);
+            }
+            c->ops++;
+            buf = p;
+            touch_pages(buf, len - step, len);
+        }
+        for (size_t off = 0; off < top; off += MIB) /* the contents survived every move */
+            if (buf[off] != page_mark(off)) {
+                fprintf(stderr, "bench-workload: realloc lost the byte at offset %zu\n", off);
+                exit(1);
+            }
+        free(buf);
+    }
+}
+
+/* ---- message: blocks allocated by a producer thread and freed by a consumer thread ---- */
+#define QUEUE_SLOTS 1024
+
+struct queue {
+    _Alignas(64) _Atomic size_t head; /* next slot to read, written by the consumer */
+    _Alignas(64) _Atomic size_t tail; /* next slot to write, written by the producer */
+    _Alignas(64) void *slot[QUEUE_SLOTS];
+};
+
+static void queue_push(struct queue *q, void *msg)
+{
+    size_t t = atomic_load_explicit(&q->tail, memory_order_relaxed);
+    while (t - atomic_load_explicit(&q->head, memory_order_acquire) == QUEUE_SLOTS)
+        sched_yield();
+    q->slot[t % QUEUE_SLOTS] = msg;
+    atomic_store_explicit(&q->tail, t + 1, memory_order_release);
+}
+
+static void *queue_pop(struct queue *q)
+{
+    size_t h = atomic_load_explicit(&q->head, memory_order_relaxed);
+    while (atomic_load_explicit(&q->tail, memory_order_acquire) == h)
+        sched_yield();
+    void *msg = q->slot[h % QUEUE_SLOTS];
+    atomic_store_explicit(&q->head, h + 1, memory_order_release);
+    return msg;
+}
+
+static void *message_consumer(void *arg)
+{
+    struct queue *q = arg;
+    size_t sum = 0;
+    for (char *msg; (msg = queue_pop(q)) != NULL; free(msg))
+        sum += (unsigned char)msg[0];
+    bench_escape(&sum);
+    return NULL;
+}
+
+static void message(struct ctx *c)
+{
+    struct queue *q = calloc(1, sizeof *q);
+    if (!q)
+        exit(1);
+    pthread_t consumer;
+    if (pthread_create(&consumer, NULL, message_consumer, q) != 0)
+        exit(1);
+    size_t n = scaled(c, 1.5e6);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = uniform(c, 16, 512);
+        char *msg = xmalloc(c, len);
+        memset(msg, (int)i, len < 64 ? len : 64);
+        queue_push(q, msg);
+    }
+    queue_push(q, NULL);
+    pthread_join(consumer, NULL);
+    free(q);
+}
+
+/* ---- thread-churn: threads that each allocate a little, created and joined one after another ---- */
+#define SMALL_THREAD_BLOCKS 32 /* plus one 8 KiB buffer */
+
+static void *small_thread(void *arg)
+{
+    struct ctx c = {.scale = 1};
+    bench_rng_seed(&c.rng, (uintptr_t)arg);
+    void *keep[SMALL_THREAD_BLOCKS];
+    for (int i = 0; i < SMALL_THREAD_BLOCKS; i++)
+        keep[i] = xmalloc(&c, uniform(&c, 16, 1024));
+    void *buf = xmalloc(&c, 8 * KIB);
+    memset(buf, 1, 8 * KIB);
+    for (int i = 0; i < SMALL_THREAD_BLOCKS; i++)
+        free(keep[i]);
+    free(buf);
+    return NULL;
+}
+
+static void spawn_and_join_one(uintptr_t seed)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, small_thread, (void *)seed) != 0) {
+        perror("pthread_create");
+        exit(1);
+    }
+    pthread_join(t, NULL);
+}
+
+static long rss_after_one_thread = -1;
+
+static void thread_churn_prepare(void)
+{
+    spawn_and_join_one(1);
+    rss_after_one_thread = bench_rss_kib();
+}
+
+static void thread_churn(struct ctx *c)
+{
+    size_t n = scaled(c, 10000);
+    for (size_t i = 0; i < n; i++)
+        spawn_and_join_one(i + 2);
+    c->ops += (SMALL_THREAD_BLOCKS + 1) * n;
+}
+
+/* ---- many-threads: 400 threads in waves of 80 live at once, each churning a mix of sizes ---- */
+#define WAVE 80
+#define WAVES 5
+
+struct wave_arg {
+    pthread_barrier_t *all_loaded;
+    double scale;
+    uint64_t seed;
+    uint64_t ops;
+};
+
+static const struct band wave_mix[] = { /* 70% 16..256, 25% 257..4 KiB, 5% 4..64 KiB */
+    {70, 16, 256}, {95, 257, 4 * KIB}, {100, 4 * KIB + 1, 64 * KIB}};
+
+static void *wave_thread(void *arg)
+{
+    struct wave_arg *a = arg;
+    struct ctx c = {.scale = a->scale};
+    bench_rng_seed(&c.rng, a->seed);
+    enum { LIVE = 64 };
+    char *slot[LIVE];
+    for (int k = 0; k < LIVE; k++)
+        slot[k] = xmalloc(&c, mixed_size(&c, wave_mix));
+    pthread_barrier_wait(a->all_loaded); /* the whole wave holds its memory at once */
+    size_t n = scaled(&c, 2000);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = bench_rng_below(&c.rng, LIVE);
+        free(slot[k]);
+        slot[k] = xmalloc(&c, mixed_size(&c, wave_mix));
+        slot[k][0] = (char)i;
+    }
+    for (int k = 0; k < LIVE; k++)
+        free(slot[k]);
+    a->ops = c.ops;
+    return NULL;
+}
+
+static void many_threads(struct ctx *c)
+{
+    struct wave_arg args[WAVE];
+    pthread_barrier_t loaded;
+    for (int w = 0; w < WAVES; w++) {
+        pthread_barrier_init(&loaded, NULL, WAVE);
+        for (int i = 0; i < WAVE; i++)
+            args[i] = (struct wave_arg){&loaded, c->scale, bench_rng_next(&c->rng), 0};
+        run_threads(WAVE, wave_thread, args, sizeof args[0]);
+        pthread_barrier_destroy(&loaded);
+        for (int i = 0; i < WAVE; i++)
+            c->ops += args[i].ops;
+    }
+}
+
+/* ---- fragment-mix: a large mixed heap, 90% freed in random order, then a different mix ---- */
+static const struct band first_mix[] = { /* 80% 16..256, 18% 257..4 KiB, 2% 4..32 KiB */
+    {80, 16, 256}, {98, 257, 4 * KIB}, {100, 4 * KIB + 1, 32 * KIB}};
+static const struct band second_mix[] = { /* 60% 20..60, 30% 600..1500, 10% 20..100 KiB */
+    {60, 20, 60}, {90, 600, 1500}, {100, 20 * KIB, 100 * KIB}};
+
+static void fragment_mix(struct ctx *c)
+{
+    size_t n = scaled(c, 200000);
+    char **a = xmalloc(c, n * sizeof *a);
+    size_t bytes_a = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = mixed_size(c, first_mix);
+        a[i] = xmalloc(c, len);
+        memset(a[i], 1, len);
+        bytes_a += len;
+    }
+    for (size_t i = n - 1; i > 0; i--) { /* shuffle, then free the first 90% */
+        size_t j = bench_rng_below(&c->rng, i + 1);
+        char *t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+    size_t freed = n * 9 / 10;
+    for (size_t i = 0; i < freed; i++)
+        free(a[i]);
+
+    size_t cap = 1024, nb = 0, bytes_b = 0;
+    char **b = xmalloc(c, cap * sizeof *b);
+    while (bytes_b < bytes_a / 2) {
+        if (nb == cap) {
+            cap *= 2;
+            b = realloc(b, cap * sizeof *b);
+            if (!b)
+                exit(1);
+        }
+        size_t len = mixed_size(c, second_mix);
+        b[nb] = xmalloc(c, len);
+        memset(b[nb++], 2, len);
+        bytes_b += len;
+    }
+    for (size_t i = freed; i < n; i++)
+        free(a[i]);
+    for (size_t i = 0; i < nb; i++)
+        free(b[i]);
+    free(a);
+    free(b);
+}
+
+/* ---- the table, the harness ---- */
+struct workload {
+    const char *name;
+    void (*run)(struct ctx *);
+    void (*prepare)(void); /* runs once in the main thread before the clock starts, or NULL */
+    const char *what;
+};
+
+static const struct workload workloads[] = {
+    {"churn", churn, NULL, "short-lived small objects"},
+    {"list", list, NULL, "linked lists with payloads: build, unlink, walk, free"},
+    {"tree", tree, NULL, "binary search tree with payloads: insert, replace, free"},
+    {"fragment", fragment, NULL, "many small blocks, free every other, larger ones in the gaps"},
+    {"medium", medium, NULL, "blocks of 8..64 KiB replaced at random"},
+    {"big", big, NULL, "blocks of 1..8 MiB replaced at random"},
+    {"big-loop", big_loop, NULL, "malloc, use, free 2..8 MiB in a loop"},
+    {"realloc-grow", realloc_grow, NULL, "realloc a buffer up in 64 KiB steps to 64 MiB x scale (max 256)"},
+    {"message", message, NULL, "producer thread mallocs, consumer thread frees"},
+    {"thread-churn", thread_churn, thread_churn_prepare, "10000 x scale short threads, each allocates a little"},
+    {"many-threads", many_threads, NULL, "400 threads, 80 live at once, mixed sizes"},
+    {"fragment-mix", fragment_mix, NULL, "mixed heap, 90% freed at random, then another mix"},
+};
+#define NWORKLOADS (sizeof workloads / sizeof workloads[0])
+
+static const struct workload *chosen;
+
+static void *run_copy(void *arg)
+{
+    chosen->run(arg);
+    return NULL;
+}
+
+static void usage(const char *prog)
+{
+    fprintf(stderr,
+            "usage: %s NAME [--parallel[=N]] [--scale K]\n"
+            "       %s --list\n"
+            "  --parallel[=N]  run N copies at once, one per thread (default N: online CPUs)\n"
+            "  --scale K       multiply the work by K (default 1, the quick size)\n",
+            prog, prog);
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    int copies = 1;
+    double scale = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        char *end;
+        if (strcmp(arg, "--list") == 0) {
+            for (size_t w = 0; w < NWORKLOADS; w++)
+                printf("%-14s %s\n", workloads[w].name, workloads[w].what);
+            return 0;
+        } else if (strcmp(arg, "--parallel") == 0) {
+            copies = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        } else if (strncmp(arg, "--parallel=", 11) == 0) {
+            copies = (int)strtol(arg + 11, &end, 10);
+            if (*end || copies < 1 || copies > 256)
+                usage(argv[0]);
+        } else if (strcmp(arg, "--scale") == 0 && i + 1 < argc) {
+            scale = strtod(argv[++i], &end);
+            if (*end || !(scale > 0))
+                usage(argv[0]);
+        } else if (!chosen) {
+            for (size_t w = 0; w < NWORKLOADS; w++)
+                if (strcmp(arg, workloads[w].name) == 0)
+                    chosen = &workloads[w];
+            if (!chosen)
+                usage(argv[0]);
+        } else {
+            usage(argv[0]);
+        }
+    }
+    if (!chosen || copies < 1)
+        usage(argv[0]);
+
+    struct ctx *ctx = calloc((size_t)copies, sizeof *ctx);
+    if (!ctx)
+        return 1;
+    uint64_t name_seed = 0;
+    for (const char *s = chosen->name; *s; s++)
+        name_seed = name_seed * 131 + (unsigned char)*s;
+    for (int i = 0; i < copies; i++) {
+        ctx[i].scale = scale;
+        bench_rng_seed(&ctx[i].rng, name_seed + (uint64_t)i);
+    }
+
+    long rss_start = bench_rss_kib();
+    if (chosen->prepare)
+        chosen->prepare();
+    uint64_t t0 = bench_now_ns();
+    if (copies == 1)
+        chosen->run(&ctx[0]); /* in the main thread: a single-threaded process stays so */
+    else
+        run_threads(copies, run_copy, ctx, sizeof *ctx);
+    double seconds = (double)(bench_now_ns() - t0) * 1e-9;
+
+    uint64_t ops = 0;
+    for (int i = 0; i < copies; i++)
+        ops += ctx[i].ops;
+    free(ctx);
+    long rss_end = bench_rss_kib();
+    malloc_trim(0);
+    long rss_trim = bench_rss_kib();
+
+    printf("{\"workload\": \"%s\", \"threads\": %d, \"scale\": %g, \"time_s\": %.6f, \"ops\": %llu, "
+           "\"peak_rss_kib\": %ld, \"rss_start_kib\": %ld, \"rss_end_kib\": %ld, \"rss_trim_kib\": %ld",
+           chosen->name, copies, scale, seconds, (unsigned long long)ops, bench_peak_rss_kib(),
+           rss_start, rss_end, rss_trim);
+    if (rss_after_one_thread >= 0)
+        printf(", \"rss_one_thread_kib\": %ld", rss_after_one_thread);
+    printf("}\n");
+    return 0;
+}

@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""Engine of bench/compare: runs every benchmark under every allocator, candidates interleaved
+round by round, then prints the Markdown tables and writes raw results, summary and SVG charts.
+bench/compare builds fastmalloc and finds the allocators first; it is the command to run."""
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+SYSTEM = "glibc"          # the allocator used when nothing is preloaded
+MAIN = "fastmalloc"       # the allocator under test
+NO_ST_FLAG = "fastmalloc-no-st-flag"  # variant built with -DFM_SINGLE_THREAD_FLAG=OFF
+SCENARIOS = (("st", "main_arena_st"), ("thr", "thread_arena_"), ("mt", "main_arena_mt"))
+COUNTS = (25, 100, 400, 1600)
+MODES = {
+    # simple sizes, thread counts, thread duration (s), workload scale, parallel too, rounds, timeout (s)
+    "quick": dict(sizes=[16], threads=[1, 2], duration=0.5, scale=1, parallel=False, rounds=3, timeout=120),
+    "full": dict(sizes=[16, 64, 256, 1024, 4096], threads=[1, 2, 4], duration=3.0, scale=4,
+                 parallel=True, rounds=5, timeout=600),
+}
+
+
+@dataclass
+class Job:
+    key: str          # short name, used in tables and files
+    kind: str         # simple | thread | workload | workload-par
+    argv: list
+    allocators: list  # which candidates run it, in the order they run each round
+
+
+@dataclass
+class Results:
+    raw: list = field(default_factory=list)       # (round, job, allocator, metric, unit, value)
+    failures: dict = field(default_factory=dict)  # (job, allocator) -> [reason, ...]
+    values: dict = field(default_factory=dict)    # (job, metric, allocator) -> [value per round]
+    units: dict = field(default_factory=dict)     # (job, metric) -> unit
+    metric_order: dict = field(default_factory=dict)  # job -> [metric, ...] in first-seen order
+
+    def add(self, rnd, job, alloc, metric, unit, value):
+        self.raw.append((rnd, job.key, alloc, metric, unit, value))
+        self.values.setdefault((job.key, metric, alloc), []).append(value)
+        self.units[(job.key, metric)] = unit
+        order = self.metric_order.setdefault(job.key, [])
+        if metric not in order:
+            order.append(metric)
+
+    def median(self, job_key, metric, alloc):
+        v = self.values.get((job_key, metric, alloc))
+        return statistics.median(v) if v else None
+
+
+def log(msg, end="\n"):
+    print(msg, end=end, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- running
+
+def preload_env(lib):
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if lib:
+        env["LD_PRELOAD"] = lib
+    return env
+
+
+def verify_preloads(bindir, allocs):
+    """Keeps the allocators whose preload really provides malloc (bench-which); says why not."""
+    kept, notes, versions = {}, [], {}
+    for name, lib in allocs.items():
+        try:
+            out = subprocess.run([os.path.join(bindir, "bench-which"), "-v"], env=preload_env(lib),
+                                 capture_output=True, text=True, timeout=30)
+            lines = out.stdout.splitlines()
+            got = lines[0] if out.returncode == 0 and lines else ""
+        except (OSError, subprocess.TimeoutExpired) as e:
+            notes.append(f"{name}: bench-which failed ({e}); left out")
+            continue
+        if lib:
+            ok = os.path.realpath(got) == os.path.realpath(lib)
+        else:
+            ok = os.path.basename(got).startswith("libc.so")
+        if ok:
+            kept[name] = lib
+            for line in lines[1:]:
+                if line.startswith("fastmalloc "):
+                    versions[name] = line.split()[1]
+            log(f"compare: {name:<22} malloc comes from {got}")
+        else:
+            why = got or out.stderr.strip() or "no output"
+            notes.append(f"{name}: malloc comes from '{why}', not '{lib or 'libc.so.6'}'; left out")
+            log(f"compare: {name}: preload NOT in effect ({why}); left out")
+    return kept, notes, versions
+
+
+def make_jobs(bindir, mode, allocs):
+    m = MODES[mode]
+    main_allocs = [a for a in allocs if a != NO_ST_FLAG]
+    jobs = []
+    for size in m["sizes"]:
+        jobs.append(Job(f"simple-{size}", "simple",
+                        [os.path.join(bindir, "bench-malloc-simple"), str(size)], list(allocs)))
+    for t in m["threads"]:
+        jobs.append(Job(f"thread-{t}", "thread",
+                        [os.path.join(bindir, "bench-malloc-thread"), str(t), "--duration", str(m["duration"])],
+                        main_allocs))
+    workload = os.path.join(bindir, "bench-workload")
+    names = [line.split()[0] for line in
+             subprocess.run([workload, "--list"], capture_output=True, text=True, check=True).stdout.splitlines()]
+    for name in names:
+        jobs.append(Job(name, "workload", [workload, name, "--scale", str(m["scale"])], main_allocs))
+    if m["parallel"]:
+        for name in names:
+            jobs.append(Job(f"{name}-par", "workload-par",
+                            [workload, name, "--parallel", "--scale", str(m["scale"])], main_allocs))
+    return jobs
+
+
+def parse_output(job, stdout):
+    """Returns [(metric, unit, value)] from a benchmark's JSON output."""
+    d = json.loads(stdout)
+    if job.kind == "simple":
+        r = d["functions"]["malloc"][""]
+        out = [(f"{short}/{count}", "ns", float(r[f"{key}_allocs_{count:04d}_time"]))
+               for short, key in SCENARIOS for count in COUNTS]
+        return out + [("peak_rss", "KiB", float(r["max_rss"]))]
+    if job.kind == "thread":
+        r = d["functions"]["malloc"][""]
+        return [("time", "ns/iter", float(r["time_per_iteration"])), ("peak_rss", "KiB", float(r["max_rss"]))]
+    out = [("time", "s", float(d["time_s"])), ("peak_rss", "KiB", float(d["peak_rss_kib"])),
+           ("rss_start", "KiB", float(d["rss_start_kib"])), ("rss_end", "KiB", float(d["rss_end_kib"])),
+           ("rss_trim", "KiB", float(d["rss_trim_kib"]))]
+    if "rss_one_thread_kib" in d:
+        out.append(("rss_one_thread", "KiB", float(d["rss_one_thread_kib"])))
+    return out
+
+
+def run_one(job, lib, timeout):
+    """Runs one benchmark process; returns (metrics, None, "") or (None, reason, output to log)."""
+    try:
+        p = subprocess.run(job.argv, env=preload_env(lib), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timeout after {timeout} s", ""
+    if p.returncode != 0:
+        why = (f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0
+               else f"exit status {p.returncode}")
+        return None, why, p.stderr
+    try:
+        return parse_output(job, p.stdout), None, ""
+    except (ValueError, KeyError) as e:
+        return None, f"unreadable output ({e})", p.stdout + p.stderr
+
+
+def run_all(jobs, allocs, rounds, timeout, failure_log):
+    res = Results()
+    total = len(jobs) * rounds
+    started = time.monotonic()
+    for rnd in range(1, rounds + 1):
+        for i, job in enumerate(jobs, 1):
+            done = (rnd - 1) * len(jobs) + i
+            log(f"round {rnd}/{rounds} [{done:3d}/{total}] {job.key:<18}", end="")
+            for alloc in job.allocators:
+                t0 = time.monotonic()
+                metrics, why, detail = run_one(job, allocs[alloc], timeout)
+                if metrics is None:
+                    res.failures.setdefault((job.key, alloc), []).append(why)
+                    preload = f"LD_PRELOAD={allocs[alloc]} " if allocs[alloc] else ""
+                    failure_log.write(f"== round {rnd} {job.key} under {alloc}: {why}\n"
+                                      f"$ {preload}{' '.join(job.argv)}\n{detail[-4000:]}\n")
+                    failure_log.flush()
+                    log(f" {alloc} FAILED ({why})", end="")
+                    continue
+                for metric, unit, value in metrics:
+                    res.add(rnd, job, alloc, metric, unit, value)
+                log(f" {alloc} {time.monotonic() - t0:.1f}s", end="")
+            log(f"  [{time.monotonic() - started:.0f} s]")
+    return res
+
+
+# ---------------------------------------------------------------- tables
+
+def fmt_value(v, unit):
+    if v is None:
+        return "—"
+    if unit == "s":
+        return f"{v:.3f}"
+    if unit == "KiB":
+        return f"{v / 1024:.1f}"
+    return f"{v:.2f}"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def md_table(header, rows, align=None):
+    align = align or ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def failure_cell(res, job_key, alloc):
+    reasons = res.failures.get((job_key, alloc))
+    return f"FAIL ({reasons[0]})" if reasons else "—"
+
+
+def timed_rows(res, jobs):
+    """[(job, metric, label, unit)] for every timed figure, in job order."""
+    rows = []
+    for job in jobs:
+        for metric in res.metric_order.get(job.key, []):
+            unit = res.units[(job.key, metric)]
+            if unit != "KiB":
+                label = job.key if metric == "time" else f"{job.key} {metric}"
+                rows.append((job, metric, label, unit))
+    return rows
+
+
+def time_table(res, jobs, names):
+    out = []
+    for job, metric, label, unit in timed_rows(res, jobs):
+        vals = {a: res.median(job.key, metric, a) for a in names}
+        best = min((v for v in vals.values() if v is not None), default=None)
+        cells = []
+        for a in names:
+            v = vals[a]
+            if v is None:
+                cells.append(failure_cell(res, job.key, a))
+            else:
+                cell = fmt_value(v, unit)
+                cells.append(f"**{cell}**" if v == best else cell)
+        out.append([label, unit] + cells)
+    return md_table(["benchmark", "unit"] + names, out, ["---", "---"] + ["---:"] * len(names))
+
+
+GROUPS = (("simple", "bench-malloc-simple"), ("thread", "bench-malloc-thread"),
+          ("workload", "workloads"), ("workload-par", "workloads --parallel"))
+
+
+def ratio_table(res, jobs, peers):
+    """fastmalloc's time over the best peer's and over each peer's, with geometric means."""
+    out, by_group, worst = [], {}, (0, None)
+    for job, metric, label, unit in timed_rows(res, jobs):
+        fm = res.median(job.key, metric, MAIN)
+        pv = {p: res.median(job.key, metric, p) for p in peers}
+        have = {p: v for p, v in pv.items() if v is not None}
+        best_peer = min(have, key=have.get) if have else None
+        ratios = {p: (fm / v if fm is not None and v else None) for p, v in pv.items()}
+        best_ratio = ratios.get(best_peer) if best_peer else None
+        by_group.setdefault(job.kind, []).append((best_ratio, ratios))
+        if best_ratio and best_ratio > worst[0]:
+            worst = (best_ratio, label)
+        out.append([label, f"{best_ratio:.2f} ({best_peer})" if best_ratio else "—"] +
+                   [f"{ratios[p]:.2f}" if ratios[p] else "—" for p in peers])
+    all_rows = []
+    for kind, title in GROUPS:
+        rows = by_group.get(kind)
+        if not rows:
+            continue
+        all_rows += rows
+        out.append(geomean_row(f"**geomean {title}**", rows, peers))
+    out.append(geomean_row("**geomean all**", all_rows, peers))
+    if worst[1]:
+        out.append([f"**worst: {worst[1]}**", f"**{worst[0]:.2f}**"] + [""] * len(peers))
+    return md_table(["benchmark", "vs best peer"] + [f"vs {p}" for p in peers], out)
+
+
+def geomean_row(label, rows, peers):
+    def cell(g):
+        return f"{g:.2f}" if g else "—"
+    g = geomean([b for b, _ in rows])
+    return [label, f"**{g:.2f}**" if g else "—"] + [cell(geomean([r[p] for _, r in rows])) for p in peers]
+
+
+def memory_table(res, jobs, names, peers):
+    """Peak / end / after-trim RSS per process, and fastmalloc's peak over the smallest peer's."""
+    out, ratios = [], []
+    for job in jobs:
+        cells = []
+        for a in names:
+            peak = res.median(job.key, "peak_rss", a)
+            if peak is None:
+                cells.append(failure_cell(res, job.key, a))
+                continue
+            end, trim = res.median(job.key, "rss_end", a), res.median(job.key, "rss_trim", a)
+            cells.append(" / ".join(fmt_value(v, "KiB") for v in (peak, end, trim) if v is not None))
+        fm = res.median(job.key, "peak_rss", MAIN)
+        peer_peaks = [v for v in (res.median(job.key, "peak_rss", p) for p in peers) if v]
+        r = fm / min(peer_peaks) if fm and peer_peaks else None
+        ratios.append((r, job.key))
+        out.append([job.key] + cells + [f"{r:.2f}" if r else "—"])
+    g = geomean([r for r, _ in ratios])
+    out.append(["**geomean**"] + [""] * len(names) + [f"**{g:.2f}**" if g else "—"])
+    r, key = max(((r, k) for r, k in ratios if r), default=(None, None))
+    if r:
+        out.append([f"**worst: {key}**"] + [""] * len(names) + [f"**{r:.2f}**"])
+    return md_table(["benchmark"] + names + ["fm peak ÷ smallest peer"], out)
+
+
+def quotient(a, b):
+    return f"{a / b:.2f}" if a and b else "—"
+
+
+def st_flag_table(res, jobs):
+    """bench-malloc-simple single-threaded vs after a thread, with and without the flag."""
+    out = []
+    for job in (j for j in jobs if j.kind == "simple"):
+        for count in COUNTS:
+            fm_st, fm_mt, off_st, off_mt, g_st, g_mt = (
+                res.median(job.key, f"{scen}/{count}", alloc)
+                for alloc in (MAIN, NO_ST_FLAG, SYSTEM) for scen in ("st", "mt"))
+            out.append([f"{job.key} ×{count}"] + [fmt_value(v, "ns") for v in (fm_st, fm_mt)] +
+                       [quotient(fm_mt, fm_st)] + [fmt_value(v, "ns") for v in (off_st, off_mt)] +
+                       [quotient(off_st, fm_st)] + [fmt_value(v, "ns") for v in (g_st, g_mt)] +
+                       [quotient(g_mt, g_st)])
+    return md_table(["size ×count", "fm st", "fm mt", "fm mt÷st", "flag-off st", "flag-off mt",
+                     "gain (off st ÷ fm st)", "glibc st", "glibc mt", "glibc mt÷st"], out)
+
+
+def threads_table(res, names):
+    out = []
+    for a in names:
+        one, end = res.median("thread-churn", "rss_one_thread", a), res.median("thread-churn", "rss_end", a)
+        many = res.median("many-threads", "peak_rss", a)
+        growth = f"{(end - one) / 1024:+.2f}" if one is not None and end is not None else "—"
+        out.append([a, fmt_value(one, "KiB"), fmt_value(end, "KiB"), growth, fmt_value(many, "KiB")])
+    return md_table(["allocator", "thread-churn RSS after 1 thread", "after all threads", "growth",
+                     "many-threads peak RSS"], out)
+
+
+# ---------------------------------------------------------------- files and charts
+
+def write_files(res, jobs, rundir):
+    with open(os.path.join(rundir, "raw.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["round", "benchmark", "allocator", "metric", "unit", "value"])
+        w.writerows(res.raw)
+    summary = []
+    for job in jobs:
+        for metric in res.metric_order.get(job.key, []):
+            for a in job.allocators:
+                v = res.values.get((job.key, metric, a))
+                if v:
+                    summary.append({"benchmark": job.key, "metric": metric, "unit": res.units[(job.key, metric)],
+                                    "allocator": a, "median": statistics.median(v), "runs": v})
+    with open(os.path.join(rundir, "summary.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["benchmark", "metric", "unit", "allocator", "median", "runs"])
+        for s in summary:
+            w.writerow([s["benchmark"], s["metric"], s["unit"], s["allocator"], s["median"], len(s["runs"])])
+    failures = [{"benchmark": j, "allocator": a, "reasons": r} for (j, a), r in res.failures.items()]
+    with open(os.path.join(rundir, "summary.json"), "w") as f:
+        json.dump({"results": summary, "failures": failures}, f, indent=1)
+
+
+def chart_rows(res, jobs, names, metric_of):
+    """[(label, {alloc: value relative to glibc})] for a chart; simple-N uses the geomean of its cells."""
+    rows = []
+    for job in jobs:
+        metrics = metric_of(job)
+        vals = {}
+        for a in names:
+            cell = [res.median(job.key, m, a) for m in metrics]
+            base = [res.median(job.key, m, SYSTEM) for m in metrics]
+            rel = [c / b for c, b in zip(cell, base) if c and b]
+            vals[a] = geomean(rel) if len(rel) == len(metrics) else None
+        rows.append((job.key, vals))
+    return rows
+
+
+def svg_chart(rows, names, title, ylabel, path_base):
+    dat = path_base + ".dat"
+    with open(dat, "w") as f:
+        f.write("benchmark " + " ".join(names) + "\n")
+        for label, vals in rows:
+            f.write(label + " " + " ".join(f"{vals[a]:.4f}" if vals[a] else "?" for a in names) + "\n")
+    script = f"""set terminal svg size 1200,520 dynamic font "sans,11" background "white"
+set output "{path_base}.svg"
+set title "{title}"
+set ylabel "{ylabel}"
+set logscale y 2
+set grid ytics
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set key top left horizontal
+set xtics rotate by 35 right nomirror
+set datafile missing "?"
+plot for [i=2:{len(names) + 1}] "{dat}" using i:xtic(1) title columnheader(i)
+"""
+    with open(path_base + ".gp", "w") as f:
+        f.write(script)
+    return subprocess.run(["gnuplot", path_base + ".gp"], capture_output=True, text=True)
+
+
+def machine_info(versions):
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        with open("/etc/debian_version") as f:
+            distro = "Debian " + f.read().strip()
+    except OSError:
+        distro = platform.platform()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    pkgs = []
+    if shutil.which("dpkg-query"):
+        for pkg in ("libc6", "libjemalloc2", "libtcmalloc-minimal4", "libmimalloc2.0"):
+            p = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg], capture_output=True, text=True)
+            if p.returncode == 0 and p.stdout:
+                pkgs.append(f"{pkg} {p.stdout}")
+    fm = f"fastmalloc {versions.get(MAIN, '?')}"
+    return (f"{datetime.date.today().isoformat()}, {cpu}, {os.cpu_count()} CPUs, {mem:.0f} GiB, "
+            f"{distro}, kernel {platform.release()}; {fm}; " + ", ".join(pkgs))
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--bindir", required=True, help="folder with the benchmark programs")
+    ap.add_argument("--rundir", required=True, help="folder for this run's results")
+    ap.add_argument("--mode", choices=MODES, default="quick")
+    ap.add_argument("--rounds", type=int, help="rounds (default: 3 quick, 5 full)")
+    ap.add_argument("--alloc", action="append", default=[], metavar="NAME=LIB",
+                    help="a candidate; LIB empty for the system allocator (repeat, in run order)")
+    ap.add_argument("--instructions", help="Markdown file from bench/instr-count to include")
+    ap.add_argument("--note", action="append", default=[], help="a line for the report's notes")
+    a = ap.parse_args()
+
+    mode = MODES[a.mode]
+    rounds = a.rounds or mode["rounds"]
+    allocs = dict(x.split("=", 1) for x in a.alloc)
+    allocs, notes, versions = verify_preloads(a.bindir, allocs)
+    notes = a.note + notes
+    if MAIN not in allocs:
+        log("compare: fastmalloc's preload is not in effect; nothing to compare")
+        return 1
+    names = [n for n in allocs if n != NO_ST_FLAG]
+    peers = [n for n in names if n != MAIN]
+
+    jobs = make_jobs(a.bindir, a.mode, allocs)
+    log(f"compare: {a.mode} mode, {rounds} rounds, {len(jobs)} benchmarks x {len(names)} allocators")
+    t0 = time.monotonic()
+    with open(os.path.join(a.rundir, "failures.log"), "w") as failure_log:
+        res = run_all(jobs, allocs, rounds, mode["timeout"], failure_log)
+    elapsed = time.monotonic() - t0
+
+    write_files(res, jobs, a.rundir)
+    report = [f"# fastmalloc vs {', '.join(peers)} — {a.mode} mode",
+              "", f"Measured {machine_info(versions)}.",
+              f"{rounds} rounds, candidates interleaved in each round ({' '.join(allocs)}); "
+              f"medians; benchmarks ran for {elapsed:.0f} s.", ""]
+    report += ["## Time (median; lower is better; best in bold)", "", time_table(res, jobs, names), "",
+               "simple-N: bench-malloc-simple with N-byte blocks, ns per malloc+free pair; st: main thread "
+               "while single-threaded, thr: in a second thread, mt: main thread after that thread was "
+               "joined; /C: C blocks allocated then freed. thread-T: bench-malloc-thread with T threads, "
+               "ns per iteration. Other rows: workloads (bench-workload --list), seconds; -par: --parallel.",
+               ""]
+    report += ["## fastmalloc's time ÷ each peer's (below 1: fastmalloc is faster)", "",
+               ratio_table(res, jobs, peers), ""]
+    report += ["## Memory: peak / end / after malloc_trim(0) RSS, MiB (median)", "",
+               memory_table(res, jobs, names, peers), "",
+               "peak: the process's peak RSS (VmHWM; getrusage's ru_maxrss would include the RSS of the "
+               "driver that forked it); end: /proc/self/statm right after the workload freed everything; "
+               "trim: after malloc_trim(0) (glibc's own when the preloaded allocator has none).", ""]
+    if NO_ST_FLAG in allocs:
+        report += ["## The single-threaded flag (bench-malloc-simple, ns per pair)", "",
+                   st_flag_table(res, jobs), "",
+                   "fm: normal build; flag-off: built with -DFM_SINGLE_THREAD_FLAG=OFF. gain above 1: the flag "
+                   "makes the single-threaded case faster.", ""]
+    report += ["## Threads: RSS, MiB", "", threads_table(res, names), ""]
+    if a.instructions and os.path.exists(a.instructions):
+        with open(a.instructions) as f:
+            report += ["## Fast path", "", f.read().strip(), ""]
+
+    charts = []
+    if shutil.which("gnuplot"):
+        for base, title, ylabel, metric_of in (
+                ("time", "Time relative to glibc (lower is better)", "time / glibc's",
+                 lambda j: [m for m in res.metric_order.get(j.key, []) if res.units[(j.key, m)] != "KiB"]),
+                ("memory", "Peak RSS relative to glibc (lower is better)", "peak RSS / glibc's",
+                 lambda j: ["peak_rss"])):
+            p = svg_chart(chart_rows(res, jobs, names, metric_of), names, title, ylabel,
+                          os.path.join(a.rundir, base))
+            if p.returncode == 0:
+                charts.append(f"{base}.svg")
+            else:
+                notes.append(f"gnuplot failed on {base}.svg: {p.stderr.strip()[:200]}")
+    else:
+        notes.append("gnuplot not found: no SVG charts (Debian package gnuplot-nox)")
+    if res.failures:
+        notes.append("some runs failed; see failures.log: " +
+                     "; ".join(f"{j} under {al}: {r[0]} ({len(r)}x)" for (j, al), r in res.failures.items()))
+    if charts:
+        report += ["Charts: " + ", ".join(charts) + " (simple-N: geometric mean of its cells).", ""]
+    if notes:
+        report += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+
+    text = "\n".join(report)
+    with open(os.path.join(a.rundir, "report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
