@@ -17,9 +17,8 @@ typedef struct large_hdr {
 } large_hdr;
 
 #define LARGE_OFFSET 64   /* block start from the mapping start, default alignment */
-#define LARGE_CACHE_SLOTS 16
-#define LARGE_CACHE_MAX_BYTES ((size_t)128 << 20)
-#define LARGE_CACHE_MAX_BLOCK ((size_t)64 << 20)
+#define LARGE_CACHE_SLOTS 8
+#define LARGE_CACHE_MAX_BYTES ((size_t)64 << 20)
 
 static struct {
   char *base;
@@ -65,45 +64,96 @@ static size_t cache_expire(bool force) {
   return released;
 }
 
+/* Resizes mapping base (unit-map entries included) in place or by moving it to an
+ * aligned place; returns its new start, or NULL with the mapping unchanged. */
+static char *mapping_resize(char *base, size_t old, size_t size) {
+  if (size < old) {
+    if (!os_remap(base, old, size, NULL)) return NULL;   /* shrinking never moves */
+    fm_unit_map_set(base + size, old - size, 0);
+    return base;
+  }
+  if (os_remap(base, old, size, NULL)) {
+    fm_unit_map_set(base + old, size - old, FM_CLASS_MAPPED);
+    return base;
+  }
+  char *dest = os_reserve_aligned(size, FM_UNIT_SIZE);
+  if (!dest) return NULL;
+  if (!fm_unit_map_set(dest, size, FM_CLASS_MAPPED)) {
+    os_release_reservation(dest, size);
+    return NULL;
+  }
+  fm_unit_map_set(base, old, 0);   /* before the move frees the old range */
+  if (!os_remap(base, old, size, dest)) {
+    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
+    fm_unit_map_set(dest, size, 0);
+    os_release_reservation(dest, size);
+    return NULL;
+  }
+  return dest;
+}
+
+/* A cached mapping of at least `need` bytes, its size in *map_size: the smallest one
+ * that is big enough (trimmed only if over 4x and 8 MiB too big), else the biggest one
+ * grown.
+ * Its pages are mostly resident already, so the caller faults in few. */
 static char *cache_take(size_t need, size_t *map_size) {
   bool threaded = fm_threaded();
   fm_lock(&cache_lock, threaded);
   cache_expire(false);
   int best = -1;
   for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
+    if (!cache[i].base) continue;
     size_t size = cache[i].map_size;
-    if (cache[i].base && size >= need && size - need <= need / 2 &&
-        (best < 0 || size < cache[best].map_size))
+    if (best < 0) best = i;
+    size_t best_size = cache[best].map_size;
+    bool fits = size >= need, best_fits = best_size >= need;
+    if ((fits && (!best_fits || size < best_size)) || (!fits && !best_fits && size > best_size))
       best = i;
   }
   char *base = NULL;
+  size_t size = 0;
   if (best >= 0) {
     base = cache[best].base;
-    *map_size = cache[best].map_size;
-    cache_bytes -= *map_size;
+    size = cache[best].map_size;
+    cache_bytes -= size;
     cache[best].base = NULL;
   }
   fm_unlock(&cache_lock, threaded);
+  if (base && (size < need || (size / 4 > need && size - need > LARGE_CACHE_MAX_BYTES / 8))) {
+    char *resized = mapping_resize(base, size, need);
+    if (!resized) unmap_block(base, size);
+    base = resized;
+    size = need;
+  }
+  *map_size = size;
   return base;
 }
 
+/* Keeps a freed mapping for reuse, first unmapping the oldest ones if the cache is full. */
 static bool cache_put(char *base, size_t map_size) {
-  if (map_size > LARGE_CACHE_MAX_BLOCK) return false;
+  if (map_size > LARGE_CACHE_MAX_BYTES / 2) return false;
   bool threaded = fm_threaded();
   fm_lock(&cache_lock, threaded);
   cache_expire(false);
-  int slot = -1;
-  for (int i = 0; i < LARGE_CACHE_SLOTS && slot < 0; i++)
-    if (!cache[i].base) slot = i;
-  bool kept = slot >= 0 && cache_bytes + map_size <= LARGE_CACHE_MAX_BYTES;
-  if (kept) {
-    cache[slot].base = base;
-    cache[slot].map_size = map_size;
-    cache[slot].freed_ns = os_now_ns();
-    cache_bytes += map_size;
+  for (;;) {
+    int slot = -1, oldest = -1;
+    for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
+      if (!cache[i].base) slot = slot < 0 ? i : slot;
+      else if (oldest < 0 || cache[i].freed_ns < cache[oldest].freed_ns) oldest = i;
+    }
+    if (slot >= 0 && cache_bytes + map_size <= LARGE_CACHE_MAX_BYTES) {
+      cache[slot].base = base;
+      cache[slot].map_size = map_size;
+      cache[slot].freed_ns = os_now_ns();
+      cache_bytes += map_size;
+      break;
+    }
+    unmap_block(cache[oldest].base, cache[oldest].map_size);
+    cache_bytes -= cache[oldest].map_size;
+    cache[oldest].base = NULL;
   }
   fm_unlock(&cache_lock, threaded);
-  return kept;
+  return true;
 }
 
 static void *place_block(char *base, size_t map_size, size_t offset) {
@@ -119,8 +169,9 @@ void *large_alloc(size_t size, size_t align, bool *fresh) {
   size_t offset = align > LARGE_OFFSET ? align : LARGE_OFFSET;
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;
   if (size == 0) size = 1;   /* the block must lie inside its mapping */
-  size_t need = round_unit(offset + size), map_size = need;
+  size_t need = round_unit(offset + size);
   if (offset == LARGE_OFFSET) {
+    size_t map_size;
     char *base = cache_take(need, &map_size);
     if (base) {
       *fresh = false;
@@ -156,34 +207,14 @@ void *large_realloc(void *p, size_t size) {
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;
   size_t need = round_unit(offset + size);
   if (need <= old) {
-    if (need < old / 2 && os_remap(base, old, need, NULL)) {
-      fm_unit_map_set(base + need, old - need, 0);
-      h->map_size = need;
-    }
+    if (need < old / 2 && mapping_resize(base, old, need)) h->map_size = need;
     return p;
   }
   /* Grow with slack: a buffer grown in small steps then stays in place most times. */
   size_t grown = round_unit(need + need / 8);
   if (grown < need) grown = need;
-  if (os_remap(base, old, grown, NULL)) {
-    fm_unit_map_set(base + old, grown - old, FM_CLASS_MAPPED);
-    h->map_size = grown;
-    return p;
-  }
-  char *dest = os_reserve_aligned(grown, FM_UNIT_SIZE);
-  if (!dest) return NULL;
-  if (!fm_unit_map_set(dest, grown, FM_CLASS_MAPPED)) {
-    os_release_reservation(dest, grown);
-    return NULL;
-  }
-  fm_unit_map_set(base, old, 0);   /* before the move frees the old range */
-  if (!os_remap(base, old, grown, dest)) {
-    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
-    fm_unit_map_set(dest, grown, 0);
-    os_release_reservation(dest, grown);
-    return NULL;
-  }
-  return place_block(dest, grown, offset);
+  char *moved = mapping_resize(base, old, grown);
+  return moved ? place_block(moved, grown, offset) : NULL;
 }
 
 size_t large_trim(void) {

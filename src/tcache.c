@@ -25,7 +25,9 @@ static fm_tcache *pool_free;
 static char *pool_bump, *pool_end;
 static unsigned next_arena;
 
-/* Bin bounds per class: the start and the most an adaptive bin may grow to. */
+/* Bin bounds per class: a thread starts with about 4 KiB a bin (a thread that allocates
+ * little holds little) and a bin doubles on each miss, up to about 2 MiB, while the
+ * thread's byte budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 
 static void fork_prepare(void);
@@ -38,8 +40,8 @@ void tcache_corrupt(const void *block) { os_fatal("malloc(): corrupted free list
 static void limits_init(void) {
   for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
     int32_t size = (int32_t)fm_class_size[cls];
-    int32_t start = (32 << 10) / size, most = (1 << 20) / size;
-    limit_start[cls] = start < 2 ? 2 : start > 64 ? 64 : start;
+    int32_t start = (4 << 10) / size, most = (2 << 20) / size;
+    limit_start[cls] = start < 2 ? 2 : start > 32 ? 32 : start;
     limit_max[cls] = most < 16 ? 16 : most > 2048 ? 2048 : most;
   }
 }
@@ -122,17 +124,6 @@ fm_arena *tcache_arena(void) {
   return tc == &tcache_dead ? &fm_arenas[0] : tc->arena;
 }
 
-static bool tcache_refill(fm_tcache *tc, unsigned cls) {
-  uintptr_t chain;
-  unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, &chain);
-  if (!got) return false;
-  tc->head[cls] = (void *)chain;
-  tc->room[cls] = tc->limit[cls] - (int32_t)got;
-  tc->used[cls] = 1;
-  return true;
-}
-
 /* Gives back the oldest blocks of a bin so that `keep` stay. */
 static void tcache_shrink_bin(fm_tcache *tc, unsigned cls, int32_t keep) {
   int32_t count = tc->limit[cls] - tc->room[cls];
@@ -177,18 +168,33 @@ static void tcache_idle_sweep(fm_tcache *tc) {
   }
 }
 
-/* Free found the bin full: grow its limit while the byte budget allows, else flush the
- * older half of the bin to the arenas in one batch. */
-static void tcache_overflow(fm_tcache *tc, unsigned cls) {
+/* Doubles the bin's limit while under its maximum and the thread's byte budget. */
+static bool tcache_grow(fm_tcache *tc, unsigned cls) {
   int32_t limit = tc->limit[cls];
   size_t size = fm_class_size[cls];
+  if (limit >= limit_max[cls] || tc->limit_bytes + (size_t)limit * size > fm_options.tcache_max_bytes)
+    return false;
+  tcache_set_limit(tc, cls, limit * 2 > limit_max[cls] ? limit_max[cls] : limit * 2);
+  return true;
+}
+
+static bool tcache_refill(fm_tcache *tc, unsigned cls) {
+  if (tc->used[cls]) tcache_grow(tc, cls);   /* slow start: a bin that keeps missing grows */
+  uintptr_t chain;
+  unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, &chain);
+  if (!got) return false;
+  tc->head[cls] = (void *)chain;
+  tc->room[cls] = tc->limit[cls] - (int32_t)got;
   tc->used[cls] = 1;
-  if (limit < limit_max[cls] && tc->limit_bytes + (size_t)limit * size <= fm_options.tcache_max_bytes) {
-    int32_t grown = limit * 2 > limit_max[cls] ? limit_max[cls] : limit * 2;
-    tcache_set_limit(tc, cls, grown);
-    return;
-  }
-  tcache_shrink_bin(tc, cls, limit / 2);
+  return true;
+}
+
+/* Free found the bin full: grow it if allowed, else flush its older half to the arenas in
+ * one batch. */
+static void tcache_overflow(fm_tcache *tc, unsigned cls) {
+  tc->used[cls] = 1;
+  if (!tcache_grow(tc, cls)) tcache_shrink_bin(tc, cls, tc->limit[cls] / 2);
 }
 
 static void tcache_flush_all(fm_tcache *tc) {
