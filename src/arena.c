@@ -9,7 +9,6 @@ fm_arena fm_arenas[FM_MAX_ARENAS];
 unsigned fm_arena_count = 1;
 
 static uint8_t span_units[FM_NUM_CLASSES + 1];  /* span length per class */
-static uint64_t span_divisor[FM_NUM_CLASSES + 1];  /* ceil(2^40 / size): exact division */
 
 #define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
 
@@ -22,7 +21,6 @@ void arena_init_all(void) {
     /* The fewest units that waste at most 1/16 of the span. */
     while (units < 8 && (units * FM_UNIT_SIZE % size) * 16 > units * FM_UNIT_SIZE) units++;
     span_units[cls] = (uint8_t)units;
-    span_divisor[cls] = (((uint64_t)1 << 40) + size - 1) / size;
   }
 }
 
@@ -132,24 +130,42 @@ static void arena_span_emptied(fm_arena *arena, fm_span *span) {
 }
 
 /* Index of block p in its small-class span, or a fatal report if p is not a block. */
-static uint32_t span_block_index(fm_span *span, const void *p) {
-  unsigned cls = span->cls;
-  size_t offset = (size_t)((const char *)p - span_start(span));
-  size_t index = (size_t)((offset * span_divisor[cls]) >> 40);
-  if (fm_unlikely(cls > FM_NUM_CLASSES || index * fm_class_size[cls] != offset ||
-                  index >= span->capacity))
+static fm_always_inline uint32_t span_block_index(const fm_span *span, const void *p) {
+  size_t offset = (size_t)((const char *)p - span->start);
+  size_t index = (size_t)(((offset >> 4) * span->index_magic) >> 31);
+  if (fm_unlikely((offset & 15) || index * span->block_size != offset ||
+                  index >= span->capacity || span->cls > FM_NUM_CLASSES))
     os_fatal("free(): invalid pointer", p);
   return (uint32_t)index;
 }
 
-static void arena_return_block(fm_arena *arena, fm_span *span, void *p) {
-  uint32_t index = span_block_index(span, p);
-  uint64_t *word = &span_free_bits(span)[index / 64], bit = (uint64_t)1 << (index % 64);
-  if (fm_unlikely(*word & bit)) os_fatal("free(): double free detected", p);
-  *word |= bit;
-  if (index / 64 < span->scan) span->scan = index / 64;
+/* Gives back the run of blocks of one span that starts the chain at *chain (the span's
+ * fields stay in registers meanwhile); leaves *chain at the first block of another span. */
+static void span_return_run(fm_arena *arena, fm_span *span, void **chain) {
+  char *block = *chain, *start = span->start;
+  size_t span_len = span_bytes(span);
+  uint32_t magic = span->index_magic, size = span->block_size, capacity = span->capacity;
+  uint32_t low_word = span->scan, freed = 0;
+  uint64_t *bits = span_free_bits(span);
+  if (fm_unlikely(span->cls > FM_NUM_CLASSES)) os_fatal("free(): invalid pointer", block);
+  do {
+    char *next = fm_decode(*(uintptr_t *)block);
+    size_t offset = (size_t)(block - start);
+    uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
+    if (fm_unlikely((offset & 15) || (size_t)index * size != offset || index >= capacity))
+      os_fatal("free(): invalid pointer", block);
+    uint64_t bit = (uint64_t)1 << (index % 64);
+    if (fm_unlikely(bits[index / 64] & bit)) os_fatal("free(): double free detected", block);
+    bits[index / 64] |= bit;
+    if (index / 64 < low_word) low_word = index / 64;
+    freed++;
+    block = next;
+  } while (block && (size_t)(block - start) < span_len);
+  *chain = block;
+  span->scan = low_word;
+  span->used -= freed;
   if (!span->listed) span_list_push(&arena->partial[span->cls], span);
-  if (--span->used == 0) arena_span_emptied(arena, span);
+  if (span->used == 0) arena_span_emptied(arena, span);
 }
 
 void arena_free_chain(void *first) {
@@ -162,15 +178,15 @@ void arena_free_chain(void *first) {
     fm_arena *arena = span_of(block)->arena;
     fm_lock(&arena->lock, threaded);
     while (block) {
-      void *next = fm_decode(*(uintptr_t *)block);
       fm_span *span = span_of(block);
       if (span->arena == arena) {
-        arena_return_block(arena, span, block);
+        span_return_run(arena, span, &block);
       } else {
+        void *next = fm_decode(*(uintptr_t *)block);
         *(uintptr_t *)block = fm_encode(pending);
         pending = block;
+        block = next;
       }
-      block = next;
     }
     arena_purge_tick(arena);
     fm_unlock(&arena->lock, threaded);

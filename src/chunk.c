@@ -86,6 +86,10 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
   span->next = span->prev = NULL;
   size_t block = fm_class_size[cls] ? fm_class_size[cls] : span_bytes(span);
   span->capacity = (uint32_t)(span_bytes(span) / block);
+  span->block_size = (uint32_t)block;
+  /* offset / 16 < 2^15 and block / 16 <= 2^11: a 32-bit reciprocal is exact here. */
+  span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));
+  span->start = span_start(span);
   if (cls <= FM_NUM_CLASSES) span_set_all_free(span);
   fm_unit_map_set(span_start(span), span_bytes(span), (uint8_t)cls);
   return span;

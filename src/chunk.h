@@ -22,10 +22,14 @@ typedef struct fm_span {
   uint16_t cls;            /* size class, or FM_CLASS_SPAN_LARGE */
   uint8_t units;           /* length in units */
   uint8_t listed;          /* on its arena's partial list */
+  uint32_t block_size;
+  uint32_t index_magic;    /* block index = ((offset >> 4) * index_magic) >> 31, exactly */
+  char *start;
   struct fm_arena *arena;
   struct fm_span *next, *prev;
   uint64_t empty_since;    /* for spare spans: when it became empty (purge delay) */
 } fm_span;
+_Static_assert(sizeof(fm_span) == 64, "a span's metadata is one cache line");
 
 typedef struct fm_chunk {
   struct fm_arena *arena;
