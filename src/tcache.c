@@ -147,19 +147,19 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   tc->room[cls] = limit - count;
 }
 
-/* Every few hundred misses, bins that saw no traffic since the last sweep give back half
- * their blocks and half their limit: a quiet thread holds little memory. */
+/* Every few hundred misses, bins that malloc did not miss in since the last sweep give
+ * back half their blocks and half their limit: a quiet thread holds little memory. */
 static void tcache_idle_sweep(fm_tcache *tc) {
   if (++tc->misses < 256) return;
   tc->misses = 0;
   for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
-    if (!tc->used[cls] && tc->limit[cls] > limit_start[cls]) {
+    if (!tc->refilled[cls] && tc->limit[cls] > limit_start[cls]) {
       int32_t half = tc->limit[cls] / 2;
       tcache_set_limit(tc, cls, half < limit_start[cls] ? limit_start[cls] : half);
-    } else if (!tc->used[cls] && tc->head[cls]) {
+    } else if (!tc->refilled[cls] && tc->head[cls]) {
       tcache_shrink_bin(tc, cls, (tc->limit[cls] - tc->room[cls]) / 2);
     }
-    tc->used[cls] = 0;
+    tc->refilled[cls] = 0;
   }
 }
 
@@ -174,22 +174,22 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
 }
 
 static bool tcache_refill(fm_tcache *tc, unsigned cls) {
-  if (tc->used[cls]) tcache_grow(tc, cls);   /* slow start: a bin that keeps missing grows */
+  if (tc->refilled[cls]) tcache_grow(tc, cls);   /* slow start: a bin that keeps missing grows */
   uintptr_t chain;
   unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
   unsigned got = arena_alloc_batch(tc->arena, cls, want, &chain);
   if (!got) return false;
   tc->head[cls] = (void *)chain;
   tc->room[cls] = tc->limit[cls] - (int32_t)got;
-  tc->used[cls] = 1;
+  tc->refilled[cls] = 1;
   return true;
 }
 
-/* Free found the bin full: grow it if allowed, else flush its older half to the arenas in
- * one batch. */
+/* Free found the bin full: grow it if this thread also allocates from it (a thread that
+ * only frees, like a consumer of messages, gains nothing from holding blocks), else give
+ * half of it back to the arenas in one batch. */
 static void tcache_overflow(fm_tcache *tc, unsigned cls) {
-  tc->used[cls] = 1;
-  if (!tcache_grow(tc, cls)) tcache_shrink_bin(tc, cls, tc->limit[cls] / 2);
+  if (!tc->refilled[cls] || !tcache_grow(tc, cls)) tcache_shrink_bin(tc, cls, tc->limit[cls] / 2);
 }
 
 static void tcache_flush_all(fm_tcache *tc) {
