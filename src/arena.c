@@ -206,10 +206,11 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size) {
 
 void arena_free_span_large(void *p) {
   fm_span *span = span_of(p);
-  if (fm_unlikely(p != span_start(span) || span->used != 1)) os_fatal("free(): invalid pointer", p);
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
+  if (fm_unlikely(p != span_start(span) || span->used != 1 || span->cls != FM_CLASS_SPAN_LARGE))
+    os_fatal("free(): invalid pointer", p);
   span->used = 0;
   chunk_give_back_span(span);
   arena_purge_tick(arena);

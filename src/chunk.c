@@ -13,6 +13,7 @@
 static const uint8_t fm_unit_map_boot[1];
 const uint8_t *fm_unit_map = fm_unit_map_boot;
 uintptr_t fm_key;
+uintptr_t fm_mark;
 
 /* Which pages of the unit map have been made writable (one bit a page). */
 static _Atomic uint64_t fm_unit_map_writable[FM_UNIT_MAP_PAGES / 64];
@@ -25,6 +26,7 @@ bool fm_unit_map_init(void) {
 }
 
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls) {
+  if (fm_unit_map == fm_unit_map_boot) return false;   /* set-up failed: nothing is ours */
   size_t first = (uintptr_t)start >> FM_UNIT_SHIFT;
   size_t last = ((uintptr_t)start + size - 1) >> FM_UNIT_SHIFT;
   for (size_t page = first / FM_PAGE_SIZE; page <= last / FM_PAGE_SIZE; page++) {

@@ -48,7 +48,8 @@ _Static_assert(sizeof(fm_chunk) <= FM_UNIT_SIZE, "chunk metadata fits in unit 0"
 /* The unit map; before fm_unit_map_init it points at a single zero byte, so free(NULL)
  * works from the first instruction of the process. */
 extern fm_hidden const uint8_t *fm_unit_map;
-extern fm_hidden uintptr_t fm_key;   /* per-process random key: free-list encoding, double-free mark */
+extern fm_hidden uintptr_t fm_key;    /* per-process random key of the free-list encoding */
+extern fm_hidden uintptr_t fm_mark;   /* another one: the freed-block mark, large-block check */
 
 bool fm_unit_map_init(void);
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);

@@ -10,7 +10,7 @@
 #include "sync.h"
 
 typedef struct large_hdr {
-  uintptr_t check;   /* block address ^ fm_key while live, ^ ~fm_key once freed */
+  uintptr_t check;   /* block address ^ fm_mark while live, ^ ~fm_mark once freed */
   char *base;        /* start of the mapping */
   size_t map_size;
   size_t unused;
@@ -37,8 +37,8 @@ static large_hdr *live_header(const void *p, const char *op) {
   if (((uintptr_t)p & 15) || fm_unit_class((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
     os_fatal(op, p);
   large_hdr *h = header_of(p);
-  if (h->check != ((uintptr_t)p ^ fm_key)) {
-    if (h->check == ((uintptr_t)p ^ ~fm_key)) os_fatal("free(): double free detected", p);
+  if (h->check != ((uintptr_t)p ^ fm_mark)) {
+    if (h->check == ((uintptr_t)p ^ ~fm_mark)) os_fatal("free(): double free detected", p);
     os_fatal(op, p);
   }
   return h;
@@ -65,28 +65,33 @@ static size_t cache_expire(bool force) {
 }
 
 /* Resizes mapping base (unit-map entries included) in place or by moving it to an
- * aligned place; returns its new start, or NULL with the mapping unchanged. */
+ * aligned place; returns its new start, or NULL with the mapping unchanged. Unit-map
+ * entries of a range are cleared before the kernel gets the range back, since another
+ * thread may map it the moment it is free. */
 static char *mapping_resize(char *base, size_t old, size_t size) {
   if (size < old) {
-    if (!os_remap(base, old, size, NULL)) return NULL;   /* shrinking never moves */
     fm_unit_map_set(base + size, old - size, 0);
-    return base;
-  }
-  if (os_remap(base, old, size, NULL)) {
-    fm_unit_map_set(base + old, size - old, FM_CLASS_MAPPED);
-    return base;
-  }
-  char *dest = os_reserve_aligned(size, FM_UNIT_SIZE);
-  if (!dest) return NULL;
-  if (!fm_unit_map_set(dest, size, FM_CLASS_MAPPED)) {
-    os_release_reservation(dest, size);
+    if (os_remap(base, old, size)) return base;   /* shrinking never moves */
+    fm_unit_map_set(base + size, old - size, FM_CLASS_MAPPED);
     return NULL;
   }
-  fm_unit_map_set(base, old, 0);   /* before the move frees the old range */
-  if (!os_remap(base, old, size, dest)) {
+  if (os_remap(base, old, size)) {
+    if (fm_unit_map_set(base + old, size - old, FM_CLASS_MAPPED)) return base;
+    os_remap(base, size, old);
+    return NULL;
+  }
+  /* Map the destination first, where a limit can refuse cleanly, then move the pages. */
+  char *dest = os_map_aligned(size, FM_UNIT_SIZE);
+  if (!dest) return NULL;
+  if (!fm_unit_map_set(dest, size, FM_CLASS_MAPPED)) {
+    os_unmap(dest, size);
+    return NULL;
+  }
+  fm_unit_map_set(base, old, 0);
+  if (!os_move(base, old, dest)) {
+    /* Only when the kernel is out of mapping slots; dest may be half gone, so it is left
+     * as it is (marked ours, never reused) rather than unmapped under another thread. */
     fm_unit_map_set(base, old, FM_CLASS_MAPPED);
-    fm_unit_map_set(dest, size, 0);
-    os_release_reservation(dest, size);
     return NULL;
   }
   return dest;
@@ -161,7 +166,7 @@ static void *place_block(char *base, size_t map_size, size_t offset) {
   large_hdr *h = header_of(p);
   h->base = base;
   h->map_size = map_size;
-  h->check = (uintptr_t)p ^ fm_key;
+  h->check = (uintptr_t)p ^ fm_mark;
   return p;
 }
 
@@ -190,7 +195,7 @@ void *large_alloc(size_t size, size_t align, bool *fresh) {
 
 void large_free(void *p) {
   large_hdr *h = live_header(p, "free(): invalid pointer");
-  h->check = (uintptr_t)p ^ ~fm_key;
+  h->check = (uintptr_t)p ^ ~fm_mark;
   if ((char *)p == h->base + LARGE_OFFSET && cache_put(h->base, h->map_size)) return;
   unmap_block(h->base, h->map_size);
 }

@@ -48,11 +48,7 @@ void *os_map_aligned(size_t size, size_t align) {
   return p;
 }
 
-void *os_reserve_aligned(size_t size, size_t align) {
-  return os_mmap_aligned(size, align, PROT_NONE, MAP_NORESERVE);
-}
 
-void os_release_reservation(void *addr, size_t size) { munmap(addr, size); }
 
 void *os_reserve_readonly(size_t size) {
   /* A private read-only mapping is not charged against the commit limit, even under
@@ -80,12 +76,17 @@ void os_purge(void *addr, size_t size) {
   errno = saved;
 }
 
-void *os_remap(void *addr, size_t old_size, size_t new_size, void *dest) {
-  void *p = dest ? mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest)
-                 : mremap(addr, old_size, new_size, 0);
+void *os_remap(void *addr, size_t old_size, size_t new_size) {
+  void *p = mremap(addr, old_size, new_size, 0);
   if (p == MAP_FAILED) return NULL;
   os_mapped += new_size - old_size;   /* modular arithmetic: shrinking works too */
   return p;
+}
+
+bool os_move(void *addr, size_t size, void *dest) {
+  if (mremap(addr, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED) return false;
+  os_mapped -= size;   /* dest's range was counted when it was mapped */
+  return true;
 }
 
 size_t os_mapped_bytes(void) { return os_mapped; }

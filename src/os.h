@@ -8,13 +8,14 @@
 void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
 void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
 void *os_reserve_readonly(size_t size);           /* zero pages, readable, no commit charge */
-void *os_reserve_aligned(size_t size, size_t align); /* inaccessible, a target for os_remap */
-void os_release_reservation(void *addr, size_t size);
 bool os_make_writable(void *addr, size_t size);
 void os_unmap(void *addr, size_t size);
 void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */
-/* Grows or shrinks a mapping; with dest != NULL moves it there (dest's range is replaced). */
-void *os_remap(void *addr, size_t old_size, size_t new_size, void *dest);
+/* Grows or shrinks a mapping in place; NULL when it cannot. */
+void *os_remap(void *addr, size_t old_size, size_t new_size);
+/* Moves a mapping's pages onto the start of mapping dest (which was mapped with os_map*
+ * and is at least size long) without growing them, so no resource limit can refuse it. */
+bool os_move(void *addr, size_t size, void *dest);
 size_t os_mapped_bytes(void);
 
 unsigned os_cpu_count(void);

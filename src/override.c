@@ -70,9 +70,9 @@ fm_api void *realloc(void *p, size_t size) {
    * smaller class would serve it. */
   if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == fm_unit_class(p))))
     return p;
-  if (size > old && fm_unit_class(p) == FM_CLASS_MAPPED && size <= PTRDIFF_MAX) {
-    void *moved = large_realloc(p, size);
-    if (moved) return moved;
+  if (fm_unit_class(p) == FM_CLASS_MAPPED && size > FM_SMALL_MAX && size <= PTRDIFF_MAX) {
+    void *resized = large_realloc(p, size);   /* mremap: no copy, either way */
+    if (resized) return resized;
   }
   void *q = tcache_malloc(size);
   if (!q) return NULL;
@@ -122,10 +122,8 @@ fm_api int posix_memalign(void **out, size_t align, size_t size) {
   if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
   int saved = errno;
   void *p = aligned_block(align, size);
-  if (!p) {
-    errno = saved;
-    return ENOMEM;
-  }
+  errno = saved;   /* never set, whatever a fallback on the way met */
+  if (!p) return ENOMEM;
   *out = p;
   return 0;
 }

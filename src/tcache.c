@@ -17,6 +17,7 @@ __thread fm_tcache *fm_tc __attribute__((tls_model("initial-exec"))) = &tcache_b
 
 static fm_lock_t init_lock = FM_LOCK_INIT;
 static _Atomic int init_done;
+static bool init_tried;   /* set-up runs once: a failure is final (malloc answers ENOMEM) */
 static _Atomic int atfork_registered;
 static pthread_key_t thread_key;
 
@@ -49,16 +50,18 @@ static void limits_init(void) {
 bool fm_init(void) {
   if (fm_likely(atomic_load_explicit(&init_done, memory_order_acquire))) return true;
   fm_lock(&init_lock, true);
-  bool ok = true;
-  if (!atomic_load_explicit(&init_done, memory_order_relaxed)) {
+  if (!init_tried) {
+    init_tried = true;
     fm_options_init();
     fm_size_class_init();
     limits_init();
     fm_key = (uintptr_t)os_random64();
+    fm_mark = (uintptr_t)os_random64();
     arena_init_all();
-    ok = fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0;
-    if (ok) atomic_store_explicit(&init_done, 1, memory_order_release);
+    if (fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0)
+      atomic_store_explicit(&init_done, 1, memory_order_release);
   }
+  bool ok = atomic_load_explicit(&init_done, memory_order_relaxed);
   fm_unlock(&init_lock, true);
   /* Last, outside the lock: glibc may malloc while registering, which now just works. */
   if (ok && !atomic_exchange(&atfork_registered, 1))
@@ -99,6 +102,8 @@ static void pool_give(fm_tcache *tc) {
 /* Sets up the calling thread's cache; the dead sentinel when that is impossible. */
 static fm_tcache *tcache_thread_start(void) {
   if (!fm_init()) return &tcache_dead;
+  /* The first call's set-up may have allocated (pthread_atfork), setting this thread up. */
+  if (fm_tc != &tcache_boot) return fm_tc;
   fm_tcache *tc = pool_take();
   if (!tc) return &tcache_dead;
   fm_arena *arena = tc->arena;
@@ -216,7 +221,7 @@ void *tcache_malloc_miss(size_t size) {
   unsigned cls = fm_size_class(size);   /* the table is filled now */
   void *block;
   if (fm_unlikely(tc == &tcache_dead)) {
-    block = arena_malloc_one(cls);
+    block = fm_init() ? arena_malloc_one(cls) : NULL;
   } else {
     tcache_idle_sweep(tc);
     block = tc->head[cls];   /* a nested call (pthread_setspecific) may have filled it */
@@ -235,12 +240,7 @@ static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   return false;
 }
 
-void tcache_free_miss(void *p) {
-  unsigned cls = fm_unit_class(p);
-  fm_tcache *tc = fm_tc;
-  /* Undo the fast path's decrement; a sentinel's room is simply 0 again. */
-  if (tc == &tcache_boot || tc == &tcache_dead) tc->room[cls] = 0;
-  else tc->room[cls]++;
+static void free_slow(void *p, unsigned cls) {
   if (cls == 0) {
     if (p) os_fatal("free(): invalid pointer", p);
     return;
@@ -248,8 +248,8 @@ void tcache_free_miss(void *p) {
   if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
   if (cls == FM_CLASS_MAPPED) return large_free(p);
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
-  tc = tcache_current();
-  if (((uintptr_t *)p)[1] == fm_key &&
+  fm_tcache *tc = tcache_current();
+  if (((uintptr_t *)p)[1] == fm_mark &&
       ((tc != &tcache_dead && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
     os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc == &tcache_dead)) {
@@ -259,7 +259,18 @@ void tcache_free_miss(void *p) {
   }
   tcache_idle_sweep(tc);
   if (tc->room[cls] == 0) tcache_overflow(tc, cls);
-  tcache_push(tc, cls, p, fm_key);
+  tcache_push(tc, cls, p);
+}
+
+void tcache_free_miss(void *p) {
+  unsigned cls = fm_unit_class(p);
+  fm_tcache *tc = fm_tc;
+  /* Undo the fast path's decrement; a sentinel's room is simply 0 again. */
+  if (tc == &tcache_boot || tc == &tcache_dead) tc->room[cls] = 0;
+  else tc->room[cls]++;
+  int saved = errno;   /* free never changes errno, whatever its slow path meets */
+  free_slow(p, cls);
+  errno = saved;
 }
 
 size_t tcache_trim(void) {

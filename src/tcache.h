@@ -45,9 +45,9 @@ static fm_always_inline void *tcache_pop(fm_tcache *tc, unsigned cls, void *bloc
 }
 
 /* Pushes a block onto a bin known to have room, marking it freed. */
-static fm_always_inline void tcache_push(fm_tcache *tc, unsigned cls, void *p, uintptr_t key) {
-  ((uintptr_t *)p)[1] = key;
-  *(uintptr_t *)p = (uintptr_t)tc->head[cls] ^ key;
+static fm_always_inline void tcache_push(fm_tcache *tc, unsigned cls, void *p) {
+  ((uintptr_t *)p)[1] = fm_mark;
+  *(uintptr_t *)p = fm_encode(tc->head[cls]);
   tc->head[cls] = p;
   tc->room[cls]--;
 }
@@ -65,10 +65,10 @@ static fm_always_inline void tcache_free(void *p) {
   unsigned cls = fm_unit_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
   fm_tcache *tc = fm_tc;
   if (fm_unlikely(--tc->room[cls] < 0)) return tcache_free_miss(p);
-  uintptr_t key = fm_key;
-  if (fm_unlikely(((uintptr_t *)p)[1] == key)) return tcache_free_miss(p);  /* double free? */
-  ((uintptr_t *)p)[1] = key;
-  *(uintptr_t *)p = (uintptr_t)tc->head[cls] ^ key;
+  uintptr_t mark = fm_mark;   /* a key of its own: reading a freed block reveals not fm_key */
+  if (fm_unlikely(((uintptr_t *)p)[1] == mark)) return tcache_free_miss(p);  /* double free? */
+  ((uintptr_t *)p)[1] = mark;
+  *(uintptr_t *)p = fm_encode(tc->head[cls]);
   tc->head[cls] = p;
 }
 
