@@ -29,7 +29,6 @@ static void span_list_push(fm_span **list, fm_span *span) {
   span->next = *list;
   if (*list) (*list)->prev = span;
   *list = span;
-  span->listed = 1;
 }
 
 static void span_list_remove(fm_span **list, fm_span *span) {
@@ -37,13 +36,23 @@ static void span_list_remove(fm_span **list, fm_span *span) {
   else *list = span->next;
   if (span->next) span->next->prev = span->prev;
   span->next = span->prev = NULL;
+}
+
+/* The partial lists: spans with a free block; `listed` says whether a span is on one. */
+static void partial_push(fm_arena *arena, fm_span *span) {
+  span_list_push(&arena->partial[span->cls], span);
+  span->listed = 1;
+}
+
+static void partial_remove(fm_arena *arena, fm_span *span) {
+  span_list_remove(&arena->partial[span->cls], span);
   span->listed = 0;
 }
 
 /* A fresh span of `units` units from any chunk of the arena, or a new chunk. */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
-    if (__builtin_popcountll(chunk->free_units) < (int)units) continue;
+    if (!chunk->free_units) continue;
     fm_span *span = chunk_take_span(chunk, units, cls);
     if (span) return span;
   }
@@ -57,15 +66,16 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
 }
 
 static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
-  fm_span *span = arena->spare[cls];
+  fm_span *span = arena->empty[cls];
   if (span) {
-    arena->spare[cls] = NULL;   /* empty: every bit is already set */
+    span_list_remove(&arena->empty[cls], span);   /* every bit is already set */
+    arena->empty_count[cls]--;
     span->scan = 0;
   } else {
     span = arena_take_span(arena, span_units[cls], cls);
     if (!span) return NULL;
   }
-  span_list_push(&arena->partial[cls], span);
+  partial_push(arena, span);
   return span;
 }
 
@@ -103,27 +113,37 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr
     head = first;
     got += taken;
     span->used += taken;
-    if (span->used == span->capacity) span_list_remove(&arena->partial[cls], span);
+    if (span->used == span->capacity) partial_remove(arena, span);
   }
   fm_unlock(&arena->lock, threaded);
   *chain = (uintptr_t)head;
   return got;
 }
 
-/* Under the lock, from paths that free: purge what stayed empty for a whole delay. */
+/* Under the lock, from paths that free: every purge delay, a tick purges what stayed
+ * empty for a whole tick. The clock is read on every 64th call only. */
 static void arena_purge_tick(fm_arena *arena) {
+  if (++arena->frees % 64) return;
   uint64_t now = os_now_ns();
   if (now < arena->next_purge_ns) return;
   arena->next_purge_ns = now + fm_options.purge_delay_ns;
+  arena->purge_epoch++;
   arena_purge(arena, false);
 }
 
+/* An empty span stays with its class for a purge delay (up to about 512 KiB a class,
+ * 16 spans of large blocks), so a class whose spans keep emptying and refilling does not
+ * churn through its chunk. */
 static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   unsigned cls = span->cls;
-  if (span->listed) span_list_remove(&arena->partial[cls], span);
-  if (!arena->spare[cls]) {
-    span->empty_since = os_now_ns();
-    arena->spare[cls] = span;
+  if (span->listed) partial_remove(arena, span);
+  bool keep = cls == FM_CLASS_SPAN_LARGE
+                  ? arena->empty_count[cls] < 16
+                  : (size_t)arena->empty_count[cls] * span_bytes(span) < ((size_t)512 << 10);
+  if (keep) {
+    span->empty_since = arena->purge_epoch;
+    span_list_push(&arena->empty[cls], span);
+    arena->empty_count[cls]++;
     return;
   }
   chunk_give_back_span(span);
@@ -164,7 +184,7 @@ static void span_return_run(fm_arena *arena, fm_span *span, void **chain) {
   *chain = block;
   span->scan = low_word;
   span->used -= freed;
-  if (!span->listed) span_list_push(&arena->partial[span->cls], span);
+  if (!span->listed) partial_push(arena, span);
   if (span->used == 0) arena_span_emptied(arena, span);
 }
 
@@ -198,7 +218,14 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size) {
   if (units > FM_SPAN_LARGE_MAX_UNITS) return NULL;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  fm_span *span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
+  fm_span *span = arena->empty[FM_CLASS_SPAN_LARGE];
+  while (span && span->units != units) span = span->next;
+  if (span) {
+    span_list_remove(&arena->empty[FM_CLASS_SPAN_LARGE], span);
+    arena->empty_count[FM_CLASS_SPAN_LARGE]--;
+  } else {
+    span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
+  }
   if (span) span->used = 1;
   fm_unlock(&arena->lock, threaded);
   return span ? span_start(span) : NULL;
@@ -212,7 +239,7 @@ void arena_free_span_large(void *p) {
   if (fm_unlikely(p != span_start(span) || span->used != 1 || span->cls != FM_CLASS_SPAN_LARGE))
     os_fatal("free(): invalid pointer", p);
   span->used = 0;
-  chunk_give_back_span(span);
+  arena_span_emptied(arena, span);
   arena_purge_tick(arena);
   fm_unlock(&arena->lock, threaded);
 }
@@ -266,14 +293,16 @@ static size_t span_purge_free_pages(fm_span *span) {
 
 size_t arena_purge(fm_arena *arena, bool force) {
   size_t released = 0;
-  uint64_t now = os_now_ns();
-  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
-    fm_span *span = arena->spare[cls];
-    if (span && (force || now - span->empty_since >= fm_options.purge_delay_ns)) {
-      arena->spare[cls] = NULL;
-      chunk_give_back_span(span);
+  for (unsigned cls = 1; cls <= FM_CLASS_SPAN_LARGE; cls++) {
+    for (fm_span *span = arena->empty[cls], *next; span; span = next) {
+      next = span->next;
+      if (force || span->empty_since + 2 <= arena->purge_epoch) {
+        span_list_remove(&arena->empty[cls], span);
+        arena->empty_count[cls]--;
+        chunk_give_back_span(span);
+      }
     }
-    if (force)
+    if (force && cls <= FM_NUM_CLASSES)
       for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
         released += span_purge_free_pages(partial);
   }

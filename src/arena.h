@@ -11,10 +11,15 @@
 
 typedef struct fm_arena {
   fm_lock_t lock;
-  fm_span *partial[FM_NUM_CLASSES + 1];   /* spans with a free block, per class */
-  fm_span *spare[FM_NUM_CLASSES + 1];     /* one empty span kept per class */
+  fm_span *partial[FM_CLASS_SPAN_LARGE + 1];   /* spans with a free block, per class */
+  /* Empty spans kept a while, newest first, per class; FM_CLASS_SPAN_LARGE: freed
+   * large blocks, so a malloc/free loop of them does not churn through the chunks. */
+  fm_span *empty[FM_CLASS_SPAN_LARGE + 1];
+  uint16_t empty_count[FM_CLASS_SPAN_LARGE + 1];
   fm_chunk *chunks;
-  uint64_t next_purge_ns;                  /* when spare spans are next checked */
+  uint64_t next_purge_ns;   /* when the next purge tick is due */
+  uint64_t purge_epoch;     /* purge ticks so far */
+  uint32_t frees;           /* freeing calls, to read the clock only every 64th */
 } __attribute__((aligned(64))) fm_arena;
 
 extern fm_hidden fm_arena fm_arenas[FM_MAX_ARENAS];

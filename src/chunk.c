@@ -4,6 +4,7 @@
 #include "chunk.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 #include "os.h"
 
@@ -37,8 +38,7 @@ bool fm_unit_map_set(const void *start, size_t size, uint8_t cls) {
       return false;
     atomic_fetch_or_explicit(&fm_unit_map_writable[page / 64], bit, memory_order_release);
   }
-  uint8_t *map = (uint8_t *)fm_unit_map;
-  for (size_t u = first; u <= last; u++) map[u] = cls;
+  memset((uint8_t *)fm_unit_map + first, cls, last - first + 1);
   return true;
 }
 

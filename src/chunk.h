@@ -27,7 +27,7 @@ typedef struct fm_span {
   char *start;
   struct fm_arena *arena;
   struct fm_span *next, *prev;
-  uint64_t empty_since;    /* for spare spans: when it became empty (purge delay) */
+  uint64_t empty_since;    /* for empty spans kept by the arena: purge epoch it emptied in */
 } fm_span;
 _Static_assert(sizeof(fm_span) == 64, "a span's metadata is one cache line");
 
