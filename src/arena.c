@@ -121,7 +121,8 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr
 }
 
 /* Under the lock, from paths that free: every purge delay, a tick purges what stayed
- * empty for a whole tick. The clock is read on every 64th call only. */
+ * empty for a whole tick. The clock is read on every 64th call only. The same tick
+ * visits the arenas that nobody frees into any more (a finished thread's), unless busy. */
 static void arena_purge_tick(fm_arena *arena) {
   if (++arena->frees % 64) return;
   uint64_t now = os_now_ns();
@@ -129,6 +130,16 @@ static void arena_purge_tick(fm_arena *arena) {
   arena->next_purge_ns = now + fm_options.purge_delay_ns;
   arena->purge_epoch++;
   arena_purge(arena, false);
+  bool threaded = fm_threaded();
+  for (unsigned i = 0; i < fm_arena_count; i++) {
+    fm_arena *idle = &fm_arenas[i];
+    if (idle == arena || now < idle->next_purge_ns + fm_options.purge_delay_ns) continue;
+    if (!fm_trylock(&idle->lock, threaded)) continue;
+    idle->next_purge_ns = now + fm_options.purge_delay_ns;
+    idle->purge_epoch++;
+    arena_purge(idle, false);
+    fm_unlock(&idle->lock, threaded);
+  }
 }
 
 /* An empty span stays with its class for a purge delay (up to about 512 KiB a class,

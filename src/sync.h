@@ -42,6 +42,13 @@ static fm_always_inline void fm_lock(fm_lock_t *lock, bool threaded) {
   fm_lock_contended(lock);
 }
 
+static inline bool fm_trylock(fm_lock_t *lock, bool threaded) {
+  int expected = 0;
+  return !threaded || atomic_compare_exchange_strong_explicit(&lock->state, &expected, 1,
+                                                              memory_order_acquire,
+                                                              memory_order_relaxed);
+}
+
 static fm_always_inline void fm_unlock(fm_lock_t *lock, bool threaded) {
   if (!threaded) return;
   if (fm_unlikely(atomic_exchange_explicit(&lock->state, 0, memory_order_release) == 2))
