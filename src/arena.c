@@ -50,12 +50,35 @@ static void partial_remove(fm_arena *arena, fm_span *span) {
 }
 
 /* A fresh span of `units` units from any chunk of the arena, or a new chunk. */
-static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
+static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
     if (!chunk->free_units) continue;
     fm_span *span = chunk_take_span(chunk, units, cls);
     if (span) return span;
   }
+  return NULL;
+}
+
+/* Gives every span kept empty back to its chunk (still resident); true if there was one. */
+static bool arena_drop_empty_spans(fm_arena *arena) {
+  bool dropped = false;
+  for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
+    while (arena->empty[c]) {
+      fm_span *span = arena->empty[c];
+      span_list_remove(&arena->empty[c], span);
+      chunk_give_back_span(span, false);
+      dropped = true;
+    }
+    arena->empty_count[c] = 0;
+  }
+  return dropped;
+}
+
+static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
+  fm_span *span = arena_find_span(arena, units, cls);
+  /* Before mapping more, let other classes' empty spans serve this one. */
+  if (!span && arena_drop_empty_spans(arena)) span = arena_find_span(arena, units, cls);
+  if (span) return span;
   fm_chunk *chunk = chunk_new(arena);
   if (!chunk) return NULL;
   chunk->prev = NULL;
@@ -142,22 +165,22 @@ static void arena_purge_tick(fm_arena *arena) {
   }
 }
 
-/* An empty span stays with its class for a purge delay (up to about 512 KiB a class,
- * 16 spans of large blocks), so a class whose spans keep emptying and refilling does not
- * churn through its chunk. */
+/* An empty span stays with its class for a purge tick (up to 4 MiB a class, 16 spans of
+ * large blocks), so a class whose spans keep emptying and refilling does not churn
+ * through its chunk; then it is purged at once, having aged already. */
 static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   unsigned cls = span->cls;
   if (span->listed) partial_remove(arena, span);
   bool keep = cls == FM_CLASS_SPAN_LARGE
                   ? arena->empty_count[cls] < 16
-                  : (size_t)arena->empty_count[cls] * span_bytes(span) < ((size_t)512 << 10);
+                  : (size_t)arena->empty_count[cls] * span_bytes(span) < ((size_t)4 << 20);
   if (keep) {
     span->empty_since = arena->purge_epoch;
     span_list_push(&arena->empty[cls], span);
     arena->empty_count[cls]++;
     return;
   }
-  chunk_give_back_span(span);
+  chunk_give_back_span(span, false);
 }
 
 /* Index of block p in its small-class span, or a fatal report if p is not a block. */
@@ -178,12 +201,14 @@ static void span_return_run(fm_arena *arena, fm_span *span, void **chain) {
   uint32_t magic = span->index_magic, size = span->block_size, capacity = span->capacity;
   uint32_t low_word = span->scan, freed = 0;
   uint64_t *bits = span_free_bits(span);
+  const uintptr_t key = fm_key;   /* a local: stores to bits[] cannot change it */
   if (fm_unlikely(span->cls > FM_NUM_CLASSES)) os_fatal("free(): invalid pointer", block);
   do {
-    char *next = fm_decode(*(uintptr_t *)block);
+    char *next = (char *)(*(uintptr_t *)block ^ key);
     size_t offset = (size_t)(block - start);
     uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
-    if (fm_unlikely((offset & 15) || (size_t)index * size != offset || index >= capacity))
+    /* index * size == offset also proves offset is a multiple of 16 */
+    if (fm_unlikely((size_t)index * size != offset || index >= capacity))
       os_fatal("free(): invalid pointer", block);
     uint64_t bit = (uint64_t)1 << (index % 64);
     if (fm_unlikely(bits[index / 64] & bit)) os_fatal("free(): double free detected", block);
@@ -310,7 +335,9 @@ size_t arena_purge(fm_arena *arena, bool force) {
       if (force || span->empty_since + 2 <= arena->purge_epoch) {
         span_list_remove(&arena->empty[cls], span);
         arena->empty_count[cls]--;
-        chunk_give_back_span(span);
+        os_purge(span_start(span), span_bytes(span));
+        released += span_bytes(span);
+        chunk_give_back_span(span, true);
       }
     }
     if (force && cls <= FM_NUM_CLASSES)

@@ -105,13 +105,13 @@ void span_set_all_free(fm_span *span) {
   span->scan = 0;
 }
 
-void chunk_give_back_span(fm_span *span) {
+void chunk_give_back_span(fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   unsigned first = (unsigned)(span - chunk->spans);
   uint64_t bits = (span->units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << span->units) - 1)) << first;
   fm_unit_map_set(span_start(span), span_bytes(span), 0);
   chunk->free_units |= bits;
-  chunk->dirty_units |= bits;
+  if (!purged) chunk->dirty_units |= bits;
 }
 
 size_t chunk_purge(fm_chunk *chunk, bool force) {

@@ -91,7 +91,8 @@ fm_chunk *chunk_new(struct fm_arena *arena);
 void chunk_delete(fm_chunk *chunk);
 /* A span of `units` free units of chunk, or NULL; unit-map entries are set to cls. */
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls);
-void chunk_give_back_span(fm_span *span);
+/* Frees the span's units; purged says their pages were already given back to the OS. */
+void chunk_give_back_span(fm_span *span, bool purged);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
  * and starts the next generation; returns bytes purged. */
 size_t chunk_purge(fm_chunk *chunk, bool force);
