@@ -49,14 +49,41 @@ static void partial_remove(fm_arena *arena, fm_span *span) {
   span->listed = 0;
 }
 
-/* A fresh span of `units` units from any chunk of the arena, or a new chunk. */
+static void chunk_list_push(fm_chunk **list, fm_chunk *chunk) {
+  chunk->prev = NULL;
+  chunk->next = *list;
+  if (*list) (*list)->prev = chunk;
+  *list = chunk;
+}
+
+static void chunk_list_remove(fm_chunk **list, fm_chunk *chunk) {
+  if (chunk->prev) chunk->prev->next = chunk->next;
+  else *list = chunk->next;
+  if (chunk->next) chunk->next->prev = chunk->prev;
+}
+
+/* A span of `units` units from a chunk with room; a chunk it fills moves to the full list,
+ * so searches never walk the (many) full chunks of a big heap. */
 static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
-    if (!chunk->free_units) continue;
     fm_span *span = chunk_take_span(chunk, units, cls);
-    if (span) return span;
+    if (!span) continue;
+    if (!chunk->free_units) {
+      chunk_list_remove(&arena->chunks, chunk);
+      chunk_list_push(&arena->full_chunks, chunk);
+    }
+    return span;
   }
   return NULL;
+}
+
+static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
+  fm_chunk *chunk = chunk_of(span);
+  if (!chunk->free_units) {
+    chunk_list_remove(&arena->full_chunks, chunk);
+    chunk_list_push(&arena->chunks, chunk);
+  }
+  chunk_give_back_span(span, purged);
 }
 
 /* Gives every span kept empty back to its chunk (still resident); true if there was one. */
@@ -66,7 +93,7 @@ static bool arena_drop_empty_spans(fm_arena *arena) {
     while (arena->empty[c]) {
       fm_span *span = arena->empty[c];
       span_list_remove(&arena->empty[c], span);
-      chunk_give_back_span(span, false);
+      arena_give_back_span(arena, span, false);
       dropped = true;
     }
     arena->empty_count[c] = 0;
@@ -81,11 +108,8 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   if (span) return span;
   fm_chunk *chunk = chunk_new(arena);
   if (!chunk) return NULL;
-  chunk->prev = NULL;
-  chunk->next = arena->chunks;
-  if (arena->chunks) arena->chunks->prev = chunk;
-  arena->chunks = chunk;
-  return chunk_take_span(chunk, units, cls);
+  chunk_list_push(&arena->chunks, chunk);
+  return arena_find_span(arena, units, cls);
 }
 
 static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
@@ -180,7 +204,7 @@ static void arena_span_emptied(fm_arena *arena, fm_span *span) {
     arena->empty_count[cls]++;
     return;
   }
-  chunk_give_back_span(span, false);
+  arena_give_back_span(arena, span, false);
 }
 
 /* Index of block p in its small-class span, or a fatal report if p is not a block. */
@@ -337,27 +361,24 @@ size_t arena_purge(fm_arena *arena, bool force) {
         arena->empty_count[cls]--;
         os_purge(span_start(span), span_bytes(span));
         released += span_bytes(span);
-        chunk_give_back_span(span, true);
+        arena_give_back_span(arena, span, true);
       }
     }
     if (force && cls <= FM_NUM_CLASSES)
       for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
         released += span_purge_free_pages(partial);
   }
-  bool kept_empty = false;
   for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {
     next = chunk->next;
-    if (chunk->free_units == FM_CHUNK_ALL_UNITS && (kept_empty || force)) {
-      /* A second empty chunk goes back whole; the first stays as a purged reserve. */
-      if (chunk->prev) chunk->prev->next = chunk->next;
-      else arena->chunks = chunk->next;
-      if (chunk->next) chunk->next->prev = chunk->prev;
+    if (chunk->free_units == FM_CHUNK_ALL_UNITS && force) {
+      /* Only trim unmaps empty chunks: munmap and mmap hold the kernel's mapping lock
+       * against every page fault of every thread; a purged chunk costs no RSS. */
+      chunk_list_remove(&arena->chunks, chunk);
       released += (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
       fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
       chunk_delete(chunk);
       continue;
     }
-    if (chunk->free_units == FM_CHUNK_ALL_UNITS) kept_empty = true;
     released += chunk_purge(chunk, force);
   }
   return released;

@@ -4,7 +4,7 @@
 #include "os.h"
 
 fm_options_t fm_options = {
-    .purge_delay_ns = 10ull * 1000 * 1000,
+    .purge_delay_ns = 100ull * 1000 * 1000,
     .tcache_max_bytes = (size_t)2 << 20,
 };
 
