@@ -1,7 +1,7 @@
 /* The per-thread cache and the malloc/free fast paths, inlined into the exported
  * functions. A hit is: no call, no lock, no atomic, no errno write, no "initialised?"
  * test. Every miss tail-calls a noinline slow path in tcache.c.
- * Measured cost (x86-64, gcc 12, hardening on): malloc hit 19 instructions, free hit 17. */
+ * Measured cost (x86-64, gcc 12, hardening on): malloc hit 19 instructions, free hit 18. */
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
 
