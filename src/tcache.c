@@ -30,6 +30,9 @@ static unsigned next_arena;
  * little holds little) and a bin doubles on each miss, up to about 2 MiB, while the
  * thread's byte budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
+/* At most about 16 KiB (or 32 blocks) a refill: a thread that only allocates (a producer)
+ * would otherwise hold, and touch, half its bin's limit ahead of use. */
+static unsigned refill_max[FM_BINS];
 
 static void fork_prepare(void);
 static void fork_parent(void);
@@ -44,6 +47,7 @@ static void limits_init(void) {
     int32_t start = (4 << 10) / size, most = (2 << 20) / size;
     limit_start[cls] = start < 2 ? 2 : start > 32 ? 32 : start;
     limit_max[cls] = most < 16 ? 16 : most > 2048 ? 2048 : most;
+    refill_max[cls] = (16u << 10) / (unsigned)size < 32 ? 32 : (16u << 10) / (unsigned)size;
   }
 }
 
@@ -182,6 +186,7 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   if (tc->refilled[cls]) tcache_grow(tc, cls);   /* slow start: a bin that keeps missing grows */
   uintptr_t chain;
   unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
+  if (want > refill_max[cls]) want = refill_max[cls];
   unsigned got = arena_alloc_batch(tc->arena, cls, want, &chain);
   if (!got) return false;
   tc->head[cls] = (void *)chain;
