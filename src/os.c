@@ -17,7 +17,13 @@
 
 extern char **environ;
 
-static _Atomic size_t os_mapped;
+static size_t os_mapped;
+
+/* The mapped-bytes count: an atomic add only once the process has a second thread. */
+static void mapped_add(size_t delta) {
+  if (fm_threaded()) __atomic_fetch_add(&os_mapped, delta, __ATOMIC_RELAXED);
+  else os_mapped += delta;
+}
 
 static void *os_mmap(void *hint, size_t size, int prot, int flags) {
   void *p = mmap(hint, size, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -26,7 +32,7 @@ static void *os_mmap(void *hint, size_t size, int prot, int flags) {
 
 void *os_map(size_t size) {
   void *p = os_mmap(NULL, size, PROT_READ | PROT_WRITE, 0);
-  if (p) os_mapped += size;
+  if (p) mapped_add(size);
   return p;
 }
 
@@ -44,7 +50,7 @@ static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
 
 void *os_map_aligned(size_t size, size_t align) {
   void *p = os_mmap_aligned(size, align, PROT_READ | PROT_WRITE, 0);
-  if (p) os_mapped += size;
+  if (p) mapped_add(size);
   return p;
 }
 
@@ -66,7 +72,7 @@ bool os_make_writable(void *addr, size_t size) {
 void os_unmap(void *addr, size_t size) {
   int saved = errno;
   munmap(addr, size);
-  os_mapped -= size;
+  mapped_add(-size);
   errno = saved;
 }
 
@@ -79,17 +85,17 @@ void os_purge(void *addr, size_t size) {
 void *os_remap(void *addr, size_t old_size, size_t new_size) {
   void *p = mremap(addr, old_size, new_size, 0);
   if (p == MAP_FAILED) return NULL;
-  os_mapped += new_size - old_size;   /* modular arithmetic: shrinking works too */
+  mapped_add(new_size - old_size);   /* modular arithmetic: shrinking works too */
   return p;
 }
 
 bool os_move(void *addr, size_t size, void *dest) {
   if (mremap(addr, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED) return false;
-  os_mapped -= size;   /* dest's range was counted when it was mapped */
+  mapped_add(-size);   /* dest's range was counted when it was mapped */
   return true;
 }
 
-size_t os_mapped_bytes(void) { return os_mapped; }
+size_t os_mapped_bytes(void) { return __atomic_load_n(&os_mapped, __ATOMIC_RELAXED); }
 
 unsigned os_cpu_count(void) {
   cpu_set_t set;
