@@ -101,12 +101,33 @@ static bool arena_drop_empty_spans(fm_arena *arena) {
   return dropped;
 }
 
+/* Chunks are mapped FM_CHUNK_BATCH at a time: mmap and the munmaps that align it take the
+ * kernel's mapping lock, which stalls every thread's page faults. */
+#define FM_CHUNK_BATCH 8
+
+static fm_chunk *arena_new_chunk(fm_arena *arena) {
+  if (arena->reserve == arena->reserve_end) {
+    char *batch = os_map_aligned(FM_CHUNK_BATCH * FM_CHUNK_SIZE, FM_CHUNK_SIZE);
+    size_t count = FM_CHUNK_BATCH;
+    if (!batch) {
+      batch = os_map_aligned(FM_CHUNK_SIZE, FM_CHUNK_SIZE);   /* tight on address space */
+      count = 1;
+    }
+    if (!batch) return NULL;
+    arena->reserve = batch;
+    arena->reserve_end = batch + count * FM_CHUNK_SIZE;
+  }
+  fm_chunk *chunk = chunk_init(arena->reserve, arena);
+  if (chunk) arena->reserve += FM_CHUNK_SIZE;
+  return chunk;
+}
+
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   fm_span *span = arena_find_span(arena, units, cls);
   /* Before mapping more, let other classes' empty spans serve this one. */
   if (!span && arena_drop_empty_spans(arena)) span = arena_find_span(arena, units, cls);
   if (span) return span;
-  fm_chunk *chunk = chunk_new(arena);
+  fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
   chunk_list_push(&arena->chunks, chunk);
   return arena_find_span(arena, units, cls);

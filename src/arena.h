@@ -16,6 +16,7 @@ typedef struct fm_arena {
    * large blocks, so a malloc/free loop of them does not churn through the chunks. */
   fm_span *empty[FM_CLASS_SPAN_LARGE + 1];
   uint16_t empty_count[FM_CLASS_SPAN_LARGE + 1];
+  char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
   fm_chunk *chunks;        /* chunks with a free unit */
   fm_chunk *full_chunks;   /* chunks without one: never searched */
   uint64_t next_purge_ns;   /* when the next purge tick is due */

@@ -42,14 +42,10 @@ bool fm_unit_map_set(const void *start, size_t size, uint8_t cls) {
   return true;
 }
 
-fm_chunk *chunk_new(struct fm_arena *arena) {
-  fm_chunk *chunk = os_map_aligned(FM_CHUNK_SIZE, FM_CHUNK_SIZE);
-  if (!chunk) return NULL;
+fm_chunk *chunk_init(void *memory, struct fm_arena *arena) {
+  fm_chunk *chunk = memory;
   /* Commit the unit-map page now so span set-up cannot fail later. */
-  if (!fm_unit_map_set(chunk, FM_UNIT_SIZE, 0)) {
-    os_unmap(chunk, FM_CHUNK_SIZE);
-    return NULL;
-  }
+  if (!fm_unit_map_set(chunk, FM_UNIT_SIZE, 0)) return NULL;
   chunk->arena = arena;
   chunk->free_units = FM_CHUNK_ALL_UNITS;
   chunk->dirty_units = 0;

@@ -87,7 +87,8 @@ void span_set_all_free(fm_span *span);
 static fm_always_inline uintptr_t fm_encode(const void *next) { return (uintptr_t)next ^ fm_key; }
 static fm_always_inline void *fm_decode(uintptr_t stored) { return (void *)(stored ^ fm_key); }
 
-fm_chunk *chunk_new(struct fm_arena *arena);
+/* Sets up chunk metadata in fresh, chunk-aligned memory from the OS; NULL on failure. */
+fm_chunk *chunk_init(void *memory, struct fm_arena *arena);
 void chunk_delete(fm_chunk *chunk);
 /* A span of `units` free units of chunk, or NULL; unit-map entries are set to cls. */
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls);
