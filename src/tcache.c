@@ -76,7 +76,8 @@ bool fm_init(void) {
 __attribute__((constructor(101))) static void fm_constructor(void) { fm_init(); }
 
 static fm_tcache *pool_take(void) {
-  fm_lock(&pool_lock, true);
+  bool threaded = fm_threaded();
+  fm_lock(&pool_lock, threaded);
   fm_tcache *tc = pool_free;
   if (tc) {
     pool_free = tc->next_free;
@@ -92,15 +93,16 @@ static fm_tcache *pool_take(void) {
     }
   }
   if (tc) tc->arena = &fm_arenas[next_arena++ % fm_arena_count];
-  fm_unlock(&pool_lock, true);
+  fm_unlock(&pool_lock, threaded);
   return tc;
 }
 
 static void pool_give(fm_tcache *tc) {
-  fm_lock(&pool_lock, true);
+  bool threaded = fm_threaded();
+  fm_lock(&pool_lock, threaded);
   tc->next_free = pool_free;
   pool_free = tc;
-  fm_unlock(&pool_lock, true);
+  fm_unlock(&pool_lock, threaded);
 }
 
 /* Sets up the calling thread's cache; the dead sentinel when that is impossible. */
