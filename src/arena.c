@@ -159,7 +159,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr
     /* Take free blocks in address order, linking each to the next; the last of this
      * span links to what earlier spans gave. */
     uint64_t *bits = span_free_bits(span);
-    char *start = span_start(span);
+    char *start = span->start;
     uint32_t words = (span->capacity + 63) / 64, w = span->scan, taken = 0;
     char *first = NULL, *last = NULL;
     for (; w < words && got + taken < want; w++) {
@@ -228,14 +228,22 @@ static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   arena_give_back_span(arena, span, false);
 }
 
+/* Index of the block starting at offset in a span of `capacity` blocks of `size` bytes
+ * (magic: the span's index_magic), or UINT32_MAX when no block starts there. */
+static fm_always_inline uint32_t block_index(size_t offset, uint32_t magic, uint32_t size,
+                                             uint32_t capacity) {
+  uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
+  /* index * size == offset also proves offset is a multiple of 16 */
+  return (size_t)index * size == offset && index < capacity ? index : UINT32_MAX;
+}
+
 /* Index of block p in its small-class span, or a fatal report if p is not a block. */
-static fm_always_inline uint32_t span_block_index(const fm_span *span, const void *p) {
-  size_t offset = (size_t)((const char *)p - span->start);
-  size_t index = (size_t)(((offset >> 4) * span->index_magic) >> 31);
-  if (fm_unlikely((offset & 15) || index * span->block_size != offset ||
-                  index >= span->capacity || span->cls > FM_NUM_CLASSES))
+static uint32_t span_block_index(const fm_span *span, const void *p) {
+  uint32_t index = block_index((size_t)((const char *)p - span->start), span->index_magic,
+                               span->block_size, span->capacity);
+  if (fm_unlikely(index == UINT32_MAX || span->cls > FM_NUM_CLASSES))
     os_fatal("free(): invalid pointer", p);
-  return (uint32_t)index;
+  return index;
 }
 
 /* Gives back the run of blocks of one span that starts the chain at *chain (the span's
@@ -250,11 +258,8 @@ static void span_return_run(fm_arena *arena, fm_span *span, void **chain) {
   if (fm_unlikely(span->cls > FM_NUM_CLASSES)) os_fatal("free(): invalid pointer", block);
   do {
     char *next = (char *)(*(uintptr_t *)block ^ key);
-    size_t offset = (size_t)(block - start);
-    uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
-    /* index * size == offset also proves offset is a multiple of 16 */
-    if (fm_unlikely((size_t)index * size != offset || index >= capacity))
-      os_fatal("free(): invalid pointer", block);
+    uint32_t index = block_index((size_t)(block - start), magic, size, capacity);
+    if (fm_unlikely(index == UINT32_MAX)) os_fatal("free(): invalid pointer", block);
     uint64_t bit = (uint64_t)1 << (index % 64);
     if (fm_unlikely(bits[index / 64] & bit)) os_fatal("free(): double free detected", block);
     bits[index / 64] |= bit;
@@ -309,7 +314,7 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size) {
   }
   if (span) span->used = 1;
   fm_unlock(&arena->lock, threaded);
-  return span ? span_start(span) : NULL;
+  return span ? span->start : NULL;
 }
 
 void arena_free_span_large(void *p) {
@@ -317,7 +322,7 @@ void arena_free_span_large(void *p) {
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  if (fm_unlikely(p != span_start(span) || span->used != 1 || span->cls != FM_CLASS_SPAN_LARGE))
+  if (fm_unlikely(p != span->start || span->used != 1 || span->cls != FM_CLASS_SPAN_LARGE))
     os_fatal("free(): invalid pointer", p);
   span->used = 0;
   arena_span_emptied(arena, span);
@@ -352,7 +357,7 @@ static bool blocks_all_free(const uint64_t *bits, uint32_t first, uint32_t last)
 /* Purges the pages of a partly used span that hold only free blocks. */
 static size_t span_purge_free_pages(fm_span *span) {
   size_t size = fm_class_size[span->cls], released = 0;
-  char *start = span_start(span);
+  char *start = span->start;
   const uint64_t *bits = span_free_bits(span);
   size_t pages = (span->capacity * size) / FM_PAGE_SIZE, run = 0;
   for (size_t page = 0; page <= pages; page++) {
@@ -380,7 +385,7 @@ size_t arena_purge(fm_arena *arena, bool force) {
       if (force || span->empty_since + 2 <= arena->purge_epoch) {
         span_list_remove(&arena->empty[cls], span);
         arena->empty_count[cls]--;
-        os_purge(span_start(span), span_bytes(span));
+        os_purge(span->start, span_bytes(span));
         released += span_bytes(span);
         arena_give_back_span(arena, span, true);
       }

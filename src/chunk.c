@@ -65,6 +65,15 @@ static int find_run(uint64_t mask, unsigned units) {
   return run ? __builtin_ctzll(run) : -1;
 }
 
+/* Marks every block of a small-class span free. */
+static void span_set_all_free(fm_span *span) {
+  uint64_t *bits = span_free_bits(span);
+  uint32_t full = span->capacity / 64, rest = span->capacity % 64;
+  for (uint32_t w = 0; w < full; w++) bits[w] = ~(uint64_t)0;
+  if (rest) bits[full] = ((uint64_t)1 << rest) - 1;
+  span->scan = 0;
+}
+
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
@@ -87,25 +96,18 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
   span->block_size = (uint32_t)block;
   /* offset / 16 < 2^15 and block / 16 <= 2^11: a 32-bit reciprocal is exact here. */
   span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));
-  span->start = span_start(span);
+  span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
   if (cls <= FM_NUM_CLASSES) span_set_all_free(span);
-  fm_unit_map_set(span_start(span), span_bytes(span), (uint8_t)cls);
+  fm_unit_map_set(span->start, span_bytes(span), (uint8_t)cls);
   return span;
 }
 
-void span_set_all_free(fm_span *span) {
-  uint64_t *bits = span_free_bits(span);
-  uint32_t full = span->capacity / 64, rest = span->capacity % 64;
-  for (uint32_t w = 0; w < full; w++) bits[w] = ~(uint64_t)0;
-  if (rest) bits[full] = ((uint64_t)1 << rest) - 1;
-  span->scan = 0;
-}
 
 void chunk_give_back_span(fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   unsigned first = (unsigned)(span - chunk->spans);
   uint64_t bits = (span->units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << span->units) - 1)) << first;
-  fm_unit_map_set(span_start(span), span_bytes(span), 0);
+  fm_unit_map_set(span->start, span_bytes(span), 0);
   chunk->free_units |= bits;
   if (!purged) chunk->dirty_units |= bits;
 }

@@ -68,20 +68,12 @@ static inline fm_span *span_of(const void *p) {
   return &chunk->spans[chunk->head_of[unit]];
 }
 
-static inline char *span_start(const fm_span *span) {
-  fm_chunk *chunk = chunk_of(span);
-  return (char *)chunk + (size_t)(span - chunk->spans) * FM_UNIT_SIZE;
-}
-
 static inline size_t span_bytes(const fm_span *span) { return (size_t)span->units * FM_UNIT_SIZE; }
 
 static inline uint64_t *span_free_bits(fm_span *span) {
   fm_chunk *chunk = chunk_of(span);
   return chunk->free_bits[span - chunk->spans];
 }
-
-/* Marks every block of a small-class span free. */
-void span_set_all_free(fm_span *span);
 
 /* Free lists are stored encoded, so a stray write into a free block is caught on pop. */
 static fm_always_inline uintptr_t fm_encode(const void *next) { return (uintptr_t)next ^ fm_key; }

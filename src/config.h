@@ -26,7 +26,6 @@
 #define fm_likely(x) __builtin_expect(!!(x), 1)
 #define fm_unlikely(x) __builtin_expect(!!(x), 0)
 #define fm_noinline __attribute__((noinline))
-#define fm_cold __attribute__((cold, noinline))
 #define fm_always_inline inline __attribute__((always_inline))
 #define fm_api __attribute__((visibility("default")))
 /* Internal globals: direct rip-relative access, never through the GOT. */

@@ -99,8 +99,7 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
 
 /* A cached mapping of at least `need` bytes, its size in *map_size: the smallest one
  * that is big enough (trimmed only if over 4x and 8 MiB too big), else the biggest one
- * grown.
- * Its pages are mostly resident already, so the caller faults in few. */
+ * grown. Its pages are mostly resident already, so the caller faults in few. */
 static char *cache_take(size_t need, size_t *map_size) {
   bool threaded = fm_threaded();
   fm_lock(&cache_lock, threaded);

@@ -19,15 +19,18 @@ fm_api void *malloc(size_t size) { return tcache_malloc(size); }
 
 fm_api void free(void *p) { tcache_free(p); }
 
-/* size > FM_SMALL_MAX: a chunk span up to 1 MiB, else a mapping of its own. */
-static void *malloc_large(size_t size, bool zero) {
+/* A block beyond the size classes, or an alignment they cannot give (align: a power of
+ * two, 0 for none): a chunk span (64 KiB aligned) up to 1 MiB, else a mapping of its own.
+ * zero: the caller wants it zeroed (fresh mappings already are). */
+static void *large_block(size_t size, size_t align, bool zero) {
   if (size > PTRDIFF_MAX || !fm_init()) {
     errno = ENOMEM;
     return NULL;
   }
-  void *p = arena_alloc_span_large(tcache_arena(), size);
+  void *p = NULL;
   bool fresh = false;
-  if (!p) p = large_alloc(size, 0, &fresh);
+  if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(tcache_arena(), size < align ? align : size);
+  if (!p) p = large_alloc(size, align, &fresh);
   if (!p) {
     errno = ENOMEM;
     return NULL;
@@ -36,7 +39,7 @@ static void *malloc_large(size_t size, bool zero) {
   return p;
 }
 
-void *fm_malloc_large(size_t size) { return malloc_large(size, false); }
+void *fm_malloc_large(size_t size) { return large_block(size, 0, false); }
 
 fm_api void *calloc(size_t count, size_t size) {
   size_t total;
@@ -44,15 +47,14 @@ fm_api void *calloc(size_t count, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  if (total > FM_SMALL_MAX) return malloc_large(total, true);
+  if (total > FM_SMALL_MAX) return large_block(total, 0, true);
   void *p = tcache_malloc(total);
   if (fm_likely(p != NULL)) memset(p, 0, total);
   return p;
 }
 
-/* Bytes usable in block p (non-NULL); fatal for a pointer that is not ours. */
-static size_t usable_size(void *p, const char *op) {
-  unsigned cls = fm_unit_class(p);
+/* Bytes usable in block p (non-NULL) of unit class cls; fatal for a pointer not ours. */
+static size_t usable_size(void *p, unsigned cls, const char *op) {
   if (fm_likely(cls - 1 < FM_NUM_CLASSES)) return fm_class_size[cls];
   if (cls == FM_CLASS_SPAN_LARGE) return arena_span_large_size(p);
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p);
@@ -65,12 +67,13 @@ fm_api void *realloc(void *p, size_t size) {
     tcache_free(p);
     return NULL;
   }
-  size_t old = usable_size(p, "realloc(): invalid pointer");
+  unsigned cls = fm_unit_class(p);
+  size_t old = usable_size(p, cls, "realloc(): invalid pointer");
   /* Keep the block when the new size fits and wastes no more than half of it, or when no
    * smaller class would serve it. */
-  if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == fm_unit_class(p))))
+  if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == cls)))
     return p;
-  if (fm_unit_class(p) == FM_CLASS_MAPPED && size > FM_SMALL_MAX && size <= PTRDIFF_MAX) {
+  if (cls == FM_CLASS_MAPPED && size > FM_SMALL_MAX && size <= PTRDIFF_MAX) {
     void *resized = large_realloc(p, size);   /* mremap: no copy, either way */
     if (resized) return resized;
   }
@@ -91,21 +94,12 @@ fm_api void *reallocarray(void *p, size_t count, size_t size) {
 }
 
 /* align: a power of two. Small aligned blocks come from a size class whose blocks are
- * all aligned; up to 64 KiB alignment a chunk span; beyond, an aligned mapping. */
+ * all aligned; the rest are large blocks. */
 static void *aligned_block(size_t align, size_t size) {
   if (align <= 16) return tcache_malloc(size);
-  if (size > PTRDIFF_MAX || !fm_init()) {
-    errno = ENOMEM;
-    return NULL;
-  }
   unsigned cls = fm_size_class_aligned(size, align);
   if (cls) return tcache_malloc(fm_class_size[cls]);
-  void *p = NULL;
-  if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(tcache_arena(), size < align ? align : size);
-  bool fresh;
-  if (!p) p = large_alloc(size, align, &fresh);
-  if (!p) errno = ENOMEM;
-  return p;
+  return large_block(size, align, false);
 }
 
 /* glibc 2.36 memalign/aligned_alloc: any alignment, rounded up to a power of two. */
@@ -139,7 +133,7 @@ fm_api void *pvalloc(size_t size) {
 }
 
 fm_api size_t malloc_usable_size(void *p) {
-  return p ? usable_size(p, "malloc_usable_size(): invalid pointer") : 0;
+  return p ? usable_size(p, fm_unit_class(p), "malloc_usable_size(): invalid pointer") : 0;
 }
 
 fm_api int malloc_trim(size_t pad) { return tcache_trim() > 0; }

@@ -266,7 +266,8 @@ static void free_slow(void *p, unsigned cls) {
   }
   tcache_idle_sweep(tc);
   if (tc->room[cls] == 0) tcache_overflow(tc, cls);
-  tcache_push(tc, cls, p);
+  tc->room[cls]--;
+  tcache_link(tc, cls, p, fm_mark);
 }
 
 void tcache_free_miss(void *p) {

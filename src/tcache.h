@@ -28,10 +28,11 @@ typedef struct fm_tcache {
  * <= 0 (its heads stay NULL), so threads sharing one need no synchronisation. */
 extern fm_hidden __thread fm_tcache *fm_tc __attribute__((tls_model("initial-exec")));
 
-void *tcache_malloc_miss(size_t size);
+/* Never inlined (not even under LTO): the fast paths tail-call them. */
+fm_noinline void *tcache_malloc_miss(size_t size);
 /* Called with room[cls] already decremented by the fast path. */
-void tcache_free_miss(void *p);
-void *fm_malloc_large(size_t size);
+fm_noinline void tcache_free_miss(void *p);
+fm_noinline void *fm_malloc_large(size_t size);
 __attribute__((noreturn, cold)) void tcache_corrupt(const void *block);
 
 /* Pops a block from a bin known to be non-empty. */
@@ -44,12 +45,11 @@ static fm_always_inline void *tcache_pop(fm_tcache *tc, unsigned cls, void *bloc
   return block;
 }
 
-/* Pushes a block onto a bin known to have room, marking it freed. */
-static fm_always_inline void tcache_push(fm_tcache *tc, unsigned cls, void *p) {
-  ((uintptr_t *)p)[1] = fm_mark;
+/* Links a freed block onto its bin, marking it freed; the caller accounts for room. */
+static fm_always_inline void tcache_link(fm_tcache *tc, unsigned cls, void *p, uintptr_t mark) {
+  ((uintptr_t *)p)[1] = mark;
   *(uintptr_t *)p = fm_encode(tc->head[cls]);
   tc->head[cls] = p;
-  tc->room[cls]--;
 }
 
 static fm_always_inline void *tcache_malloc(size_t size) {
@@ -67,9 +67,7 @@ static fm_always_inline void tcache_free(void *p) {
   if (fm_unlikely(--tc->room[cls] < 0)) return tcache_free_miss(p);
   uintptr_t mark = fm_mark;   /* a key of its own: reading a freed block reveals not fm_key */
   if (fm_unlikely(((uintptr_t *)p)[1] == mark)) return tcache_free_miss(p);  /* double free? */
-  ((uintptr_t *)p)[1] = mark;
-  *(uintptr_t *)p = fm_encode(tc->head[cls]);
-  tc->head[cls] = p;
+  tcache_link(tc, cls, p, mark);
 }
 
 /* Global set-up on the first call (before or without constructors); true when ready. */
