@@ -8,15 +8,15 @@
 fm_arena fm_arenas[FM_MAX_ARENAS];
 unsigned fm_arena_count = 1;
 
-static uint8_t span_units[FM_NUM_CLASSES + 1];  /* span length per class */
+static uint8_t span_units[FM_NUM_SPAN_CLASSES + 1];  /* span length per class */
 
 #define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
 
 void arena_init_all(void) {
   unsigned cpus = os_cpu_count();
   fm_arena_count = cpus < FM_MAX_ARENAS ? cpus : FM_MAX_ARENAS;
-  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
-    size_t size = fm_class_size[cls];
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+    size_t size = fm_class_stride[cls];
     unsigned units = 1;
     /* The fewest units that waste at most 1/16 of the span. */
     while (units < 8 && (units * FM_UNIT_SIZE % size) * 16 > units * FM_UNIT_SIZE) units++;
@@ -150,7 +150,7 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr_t *chain) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  size_t size = fm_class_size[cls];
+  size_t size = fm_class_stride[cls];   /* distance between blocks */
   void *head = NULL;
   unsigned got = 0;
   while (got < want) {
@@ -241,7 +241,7 @@ static fm_always_inline uint32_t block_index(size_t offset, uint32_t magic, uint
 static uint32_t span_block_index(const fm_span *span, const void *p) {
   uint32_t index = block_index((size_t)((const char *)p - span->start), span->index_magic,
                                span->block_size, span->capacity);
-  if (fm_unlikely(index == UINT32_MAX || span->cls > FM_NUM_CLASSES))
+  if (fm_unlikely(index == UINT32_MAX || span->cls > FM_NUM_SPAN_CLASSES))
     os_fatal("free(): invalid pointer", p);
   return index;
 }
@@ -255,7 +255,7 @@ static void span_return_run(fm_arena *arena, fm_span *span, void **chain) {
   uint32_t low_word = span->scan, freed = 0;
   uint64_t *bits = span_free_bits(span);
   const uintptr_t key = fm_key;   /* a local: stores to bits[] cannot change it */
-  if (fm_unlikely(span->cls > FM_NUM_CLASSES)) os_fatal("free(): invalid pointer", block);
+  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", block);
   do {
     char *next = (char *)(*(uintptr_t *)block ^ key);
     uint32_t index = block_index((size_t)(block - start), magic, size, capacity);
@@ -356,7 +356,7 @@ static bool blocks_all_free(const uint64_t *bits, uint32_t first, uint32_t last)
 
 /* Purges the pages of a partly used span that hold only free blocks. */
 static size_t span_purge_free_pages(fm_span *span) {
-  size_t size = fm_class_size[span->cls], released = 0;
+  size_t size = span->block_size, released = 0;
   char *start = span->start;
   const uint64_t *bits = span_free_bits(span);
   size_t pages = (span->capacity * size) / FM_PAGE_SIZE, run = 0;
@@ -390,7 +390,7 @@ size_t arena_purge(fm_arena *arena, bool force) {
         arena_give_back_span(arena, span, true);
       }
     }
-    if (force && cls <= FM_NUM_CLASSES)
+    if (force && cls <= FM_NUM_SPAN_CLASSES)
       for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
         released += span_purge_free_pages(partial);
   }

@@ -91,13 +91,13 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
   span->listed = 0;
   span->used = 0;
   span->next = span->prev = NULL;
-  size_t block = fm_class_size[cls] ? fm_class_size[cls] : span_bytes(span);
+  size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);
   span->capacity = (uint32_t)(span_bytes(span) / block);
   span->block_size = (uint32_t)block;
   /* offset / 16 < 2^15 and block / 16 <= 2^11: a 32-bit reciprocal is exact here. */
   span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));
   span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
-  if (cls <= FM_NUM_CLASSES) span_set_all_free(span);
+  if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
   fm_unit_map_set(span->start, span_bytes(span), (uint8_t)cls);
   return span;
 }

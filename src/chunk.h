@@ -22,7 +22,7 @@ typedef struct fm_span {
   uint16_t cls;            /* size class, or FM_CLASS_SPAN_LARGE */
   uint8_t units;           /* length in units */
   uint8_t listed;          /* on its arena's partial list */
-  uint32_t block_size;
+  uint32_t block_size;     /* stride: bytes from one block's start to the next */
   uint32_t index_magic;    /* block index = ((offset >> 4) * index_magic) >> 31, exactly */
   char *start;
   struct fm_arena *arena;

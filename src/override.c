@@ -55,7 +55,7 @@ fm_api void *calloc(size_t count, size_t size) {
 
 /* Bytes usable in block p (non-NULL) of unit class cls; fatal for a pointer not ours. */
 static size_t usable_size(void *p, unsigned cls, const char *op) {
-  if (fm_likely(cls - 1 < FM_NUM_CLASSES)) return fm_class_size[cls];
+  if (fm_likely(cls - 1 < FM_NUM_SPAN_CLASSES)) return fm_class_size[cls];
   if (cls == FM_CLASS_SPAN_LARGE) return arena_span_large_size(p);
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p);
   os_fatal(op, p);
@@ -98,7 +98,7 @@ fm_api void *reallocarray(void *p, size_t count, size_t size) {
 static void *aligned_block(size_t align, size_t size) {
   if (align <= 16) return tcache_malloc(size);
   unsigned cls = fm_size_class_aligned(size, align);
-  if (cls) return tcache_malloc(fm_class_size[cls]);
+  if (cls) return tcache_malloc_class(cls);
   return large_block(size, align, false);
 }
 

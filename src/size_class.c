@@ -9,11 +9,27 @@ uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
   ((1u << (7 + ((c) - 9) / 4)) + (((c) - 9) % 4 + 1) * (1u << (5 + ((c) - 9) / 4)))
 #define FM_ROW4(c) FM_GEOMETRIC(c), FM_GEOMETRIC(c + 1), FM_GEOMETRIC(c + 2), FM_GEOMETRIC(c + 3)
 
+#define FM_TWIN_SIZES 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192
+
 const uint32_t fm_class_size[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
     FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21),
     FM_ROW4(25), FM_ROW4(29), FM_ROW4(33), FM_ROW4(37),
+    FM_TWIN_SIZES,
     0, 0, /* the large markers */
+};
+
+/* Padded: a multiple of 1 KiB up to 8 KiB (see size_class.h). */
+#define FM_PADDED(s) ((s) % 1024 == 0 && (s) <= 8192 ? (s) + 64 : (s))
+#define FM_SROW4(c) FM_PADDED(FM_GEOMETRIC(c)), FM_PADDED(FM_GEOMETRIC(c + 1)), \
+                    FM_PADDED(FM_GEOMETRIC(c + 2)), FM_PADDED(FM_GEOMETRIC(c + 3))
+
+const uint32_t fm_class_stride[FM_BINS] = {
+    0,   16,  32,  48,  64,  80,  96,  112, 128,
+    FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21),
+    FM_SROW4(25), FM_SROW4(29), FM_SROW4(33), FM_SROW4(37),
+    FM_TWIN_SIZES,
+    0, 0,
 };
 _Static_assert(FM_GEOMETRIC(FM_NUM_CLASSES) == FM_SMALL_MAX, "last class is FM_SMALL_MAX");
 
@@ -26,13 +42,20 @@ void fm_size_class_init(void) {
   }
 }
 
+static unsigned twin_of(unsigned cls) {
+  for (unsigned twin = FM_NUM_CLASSES + 1; twin <= FM_NUM_SPAN_CLASSES; twin++)
+    if (fm_class_size[twin] == fm_class_size[cls]) return twin;
+  return 0;
+}
+
 unsigned fm_size_class_aligned(size_t size, size_t align) {
   if (size > FM_SMALL_MAX || align > FM_SMALL_MAX) return 0;
-  /* Spans start 64 KiB aligned, so a class whose size is a multiple of align has
-   * every block aligned; a power-of-two class always qualifies. */
+  /* Spans start 64 KiB aligned, so a class whose stride is a multiple of align has
+   * every block aligned. */
   for (unsigned cls = fm_size_class_formula(size < align ? align : size);
        cls <= FM_NUM_CLASSES; cls++) {
-    if (fm_class_size[cls] % align == 0) return cls;
+    if (fm_class_stride[cls] % align == 0) return cls;
+    if (fm_class_size[cls] % align == 0) return twin_of(cls);
   }
   return 0;
 }

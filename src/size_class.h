@@ -8,15 +8,23 @@
 #include "config.h"
 
 #define FM_SMALL_MAX 32768u                   /* largest size served by a size class */
-#define FM_NUM_CLASSES 40                     /* real classes: 1 .. FM_NUM_CLASSES */
-#define FM_CLASS_SPAN_LARGE (FM_NUM_CLASSES + 1)  /* unit-map marker: one block per span */
-#define FM_CLASS_MAPPED (FM_NUM_CLASSES + 2)      /* unit-map marker: its own mapping */
-#define FM_BINS (FM_NUM_CLASSES + 3)              /* tcache bins, markers included */
+#define FM_NUM_CLASSES 40                     /* classes malloc picks by size: 1 .. 40 */
+/* Blocks whose size is a multiple of 1 KiB would all start at the same few offsets of a
+ * page, so they would compete for the same few sets of the L1 cache: 25 blocks of 4 KiB
+ * in a loop miss on every access. Those classes (1..8 KiB) are laid out with a stride of
+ * size + 64, which spreads blocks over every set; their unpadded twins (classes 41..48,
+ * never picked by size) serve the aligned requests that need the exact stride. */
+#define FM_NUM_TWINS 8
+#define FM_NUM_SPAN_CLASSES (FM_NUM_CLASSES + FM_NUM_TWINS)   /* every class with spans */
+#define FM_CLASS_SPAN_LARGE (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */
+#define FM_CLASS_MAPPED (FM_NUM_SPAN_CLASSES + 2)      /* unit-map marker: its own mapping */
+#define FM_BINS (FM_NUM_SPAN_CLASSES + 3)              /* tcache bins, markers included */
 
 /* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */
 extern fm_hidden uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
-extern fm_hidden const uint32_t fm_class_size[FM_BINS];
+extern fm_hidden const uint32_t fm_class_size[FM_BINS];    /* bytes usable in a block */
+extern fm_hidden const uint32_t fm_class_stride[FM_BINS];  /* distance between blocks */
 
 /* Class for size <= FM_SMALL_MAX by table: one load. */
 static fm_always_inline unsigned fm_size_class(size_t size) {
@@ -33,7 +41,8 @@ static inline unsigned fm_size_class_formula(size_t size) {
 }
 
 /* Smallest class whose blocks are all aligned to `align` (a power of two <= 32 KiB)
- * and hold `size` bytes, or 0 when no class does. */
+ * and hold `size` bytes, or 0 when no class does: a padded class's twin when only the
+ * twin's stride keeps the alignment. */
 unsigned fm_size_class_aligned(size_t size, size_t align);
 
 void fm_size_class_init(void);

@@ -42,7 +42,7 @@ static void tcache_thread_exit(void *arg);
 void tcache_corrupt(const void *block) { os_fatal("malloc(): corrupted free list at", block); }
 
 static void limits_init(void) {
-  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t size = (int32_t)fm_class_size[cls];
     int32_t start = (4 << 10) / size, most = (2 << 20) / size;
     limit_start[cls] = start < 2 ? 2 : start > 32 ? 32 : start;
@@ -115,7 +115,7 @@ static fm_tcache *tcache_thread_start(void) {
   fm_arena *arena = tc->arena;
   *tc = (fm_tcache){.arena = arena};
   memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
-  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     tc->limit[cls] = tc->room[cls] = limit_start[cls];
     tc->limit_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
   }
@@ -163,7 +163,7 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
 static void tcache_idle_sweep(fm_tcache *tc) {
   if (++tc->misses < 256) return;
   tc->misses = 0;
-  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) {
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     if (!tc->refilled[cls] && tc->limit[cls] > limit_start[cls]) {
       int32_t half = tc->limit[cls] / 2;
       tcache_set_limit(tc, cls, half < limit_start[cls] ? limit_start[cls] : half);
@@ -205,7 +205,7 @@ static void tcache_overflow(fm_tcache *tc, unsigned cls) {
 }
 
 static void tcache_flush_all(fm_tcache *tc) {
-  for (unsigned cls = 1; cls <= FM_NUM_CLASSES; cls++) tcache_shrink_bin(tc, cls, 0);
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) tcache_shrink_bin(tc, cls, 0);
 }
 
 static void tcache_thread_exit(void *arg) {
@@ -223,9 +223,9 @@ static void *arena_malloc_one(unsigned cls) {
   return (void *)chain;
 }
 
-void *tcache_malloc_miss(size_t size) {
-  fm_tcache *tc = tcache_current();
-  unsigned cls = fm_size_class(size);   /* the table is filled now */
+/* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
+ * one block straight from an arena. */
+static void *malloc_slow(fm_tcache *tc, unsigned cls) {
   void *block;
   if (fm_unlikely(tc == &tcache_dead)) {
     block = fm_init() ? arena_malloc_one(cls) : NULL;
@@ -237,6 +237,13 @@ void *tcache_malloc_miss(size_t size) {
   if (!block) errno = ENOMEM;
   return block;
 }
+
+void *tcache_malloc_miss(size_t size) {
+  fm_tcache *tc = tcache_current();
+  return malloc_slow(tc, fm_size_class(size));   /* the table is filled now */
+}
+
+void *tcache_malloc_class_miss(unsigned cls) { return malloc_slow(tcache_current(), cls); }
 
 static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   int32_t count = tc->limit[cls] - tc->room[cls];

@@ -30,6 +30,7 @@ extern fm_hidden __thread fm_tcache *fm_tc __attribute__((tls_model("initial-exe
 
 /* Never inlined (not even under LTO): the fast paths tail-call them. */
 fm_noinline void *tcache_malloc_miss(size_t size);
+fm_noinline void *tcache_malloc_class_miss(unsigned cls);
 /* Called with room[cls] already decremented by the fast path. */
 fm_noinline void tcache_free_miss(void *p);
 fm_noinline void *fm_malloc_large(size_t size);
@@ -58,6 +59,14 @@ static fm_always_inline void *tcache_malloc(size_t size) {
   unsigned cls = tc->class_of_granule[(size + 15) >> 4];
   void *block = tc->head[cls];
   if (fm_unlikely(!block)) return tcache_malloc_miss(size);
+  return tcache_pop(tc, cls, block);
+}
+
+/* A block of class cls, for requests that pick their class themselves (aligned ones). */
+static fm_always_inline void *tcache_malloc_class(unsigned cls) {
+  fm_tcache *tc = fm_tc;
+  void *block = tc->head[cls];
+  if (fm_unlikely(!block)) return tcache_malloc_class_miss(cls);
   return tcache_pop(tc, cls, block);
 }
 

@@ -34,12 +34,30 @@ static void test_smallest_fitting_class(void **state) {
   }
 }
 
+/* Padded classes (multiples of 1 KiB up to 8 KiB) have a stride of size + 64 and an
+ * unpadded twin after the malloc classes; the other classes' stride is their size. */
+static void test_strides(void **state) {
+  unsigned twins = 0;
+  for (unsigned c = 1; c <= FM_NUM_CLASSES; c++) {
+    uint32_t size = fm_class_size[c];
+    bool padded = size % 1024 == 0 && size <= 8192;
+    assert_int_equal(fm_class_stride[c], padded ? size + 64 : size);
+    if (!padded) continue;
+    twins++;
+    assert_int_equal(fm_class_size[FM_NUM_CLASSES + twins], size);
+    assert_int_equal(fm_class_stride[FM_NUM_CLASSES + twins], size);
+  }
+  assert_int_equal(twins, FM_NUM_TWINS);
+}
+
 static void test_aligned_class(void **state) {
   for (size_t a = 16; a <= 32768; a *= 2)
     for (size_t s = 0; s <= FM_SMALL_MAX; s++) {
       unsigned best = 0;
-      for (unsigned c = 1; c <= FM_NUM_CLASSES && !best; c++)
-        if (fm_class_size[c] >= s && fm_class_size[c] % a == 0) best = c;
+      for (unsigned c = 1; c <= FM_NUM_SPAN_CLASSES; c++) {
+        if (fm_class_size[c] < s || fm_class_stride[c] % a != 0) continue;
+        if (!best || fm_class_size[c] < fm_class_size[best]) best = c;
+      }
       unsigned got = fm_size_class_aligned(s, a);
       if (got != best)
         fail_msg("size %zu align %zu: class %u, the smallest aligned fit is %u", s, a, got, best);
@@ -51,6 +69,7 @@ int main(void) {
       cmocka_unit_test(test_class_sizes_match_design),
       cmocka_unit_test(test_table_matches_formula),
       cmocka_unit_test(test_smallest_fitting_class),
+      cmocka_unit_test(test_strides),
       cmocka_unit_test(test_aligned_class),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
