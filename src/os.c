@@ -89,9 +89,10 @@ void *os_remap(void *addr, size_t old_size, size_t new_size) {
   return p;
 }
 
-bool os_move(void *addr, size_t size, void *dest) {
-  if (mremap(addr, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED) return false;
-  mapped_add(-size);   /* dest's range was counted when it was mapped */
+bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
+  if (mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED)
+    return false;
+  mapped_add(-old_size);   /* dest's range was counted when it was mapped */
   return true;
 }
 

@@ -13,9 +13,11 @@ void os_unmap(void *addr, size_t size);
 void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */
 /* Grows or shrinks a mapping in place; NULL when it cannot. */
 void *os_remap(void *addr, size_t old_size, size_t new_size);
-/* Moves a mapping's pages onto the start of mapping dest (which was mapped with os_map*
- * and is at least size long) without growing them, so no resource limit can refuse it. */
-bool os_move(void *addr, size_t size, void *dest);
+/* Moves a mapping of old_size bytes onto mapping dest (mapped with os_map*, new_size >=
+ * old_size long), which it replaces: one mapping of new_size, so a later growth in place
+ * can succeed. The kernel unmaps dest before it grows the moved pages, so a resource
+ * limit that let dest be mapped cannot refuse the growth. */
+bool os_move(void *addr, size_t old_size, void *dest, size_t new_size);
 size_t os_mapped_bytes(void);
 
 unsigned os_cpu_count(void);
