@@ -5,7 +5,7 @@
 
 fm_options_t fm_options = {
     .purge_delay_ns = 100ull * 1000 * 1000,
-    .tcache_max_bytes = (size_t)2 << 20,
+    .tcache_max_bytes = (size_t)4 << 20,
 };
 
 /* "123", "64K", "2M", "1G": returns false on anything else. */

@@ -1,7 +1,9 @@
 /* Run-time options, read once from the environment at start-up without allocating.
  *   FASTMALLOC_PURGE_DELAY_MS  empty spans and cached large blocks older than this go back
  *                              to the OS (default 100; 0 purges at the next slow path)
- *   FASTMALLOC_TCACHE_MAX      byte budget of one thread's cache (default 2M; K/M suffix) */
+ *   FASTMALLOC_TCACHE_MAX      byte budget of one thread's cache (default 4M; K/M suffix);
+ *                              all threads' caches together grow past their small start
+ *                              by at most 8 times this */
 #ifndef FM_OPTIONS_H
 #define FM_OPTIONS_H
 

@@ -30,6 +30,19 @@ static unsigned next_arena;
  * little holds little) and a bin doubles on each miss, up to about 2 MiB, while the
  * thread's byte budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
+static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
+/* What all threads' bins have grown beyond their start limits, in bytes: held under
+ * 8 x the per-thread budget, so 400 busy threads do not hold 400 full budgets. */
+static _Atomic size_t grown_bytes;
+
+static void grown_add(size_t delta) {   /* delta may be "negative": modular arithmetic */
+  if (fm_threaded())
+    atomic_fetch_add_explicit(&grown_bytes, delta, memory_order_relaxed);
+  else   /* no other thread: no locked instruction */
+    atomic_store_explicit(&grown_bytes,
+                          atomic_load_explicit(&grown_bytes, memory_order_relaxed) + delta,
+                          memory_order_relaxed);
+}
 /* At most about 16 KiB (or 32 blocks) a refill: a thread that only allocates (a producer)
  * would otherwise hold, and touch, half its bin's limit ahead of use. */
 static unsigned refill_max[FM_BINS];
@@ -46,6 +59,7 @@ static void limits_init(void) {
     int32_t size = (int32_t)fm_class_size[cls];
     int32_t start = (4 << 10) / size, most = (2 << 20) / size;
     limit_start[cls] = start < 2 ? 2 : start > 32 ? 32 : start;
+    start_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
     limit_max[cls] = most < 16 ? 16 : most > 2048 ? 2048 : most;
     refill_max[cls] = (16u << 10) / (unsigned)size < 32 ? 32 : (16u << 10) / (unsigned)size;
   }
@@ -115,10 +129,9 @@ static fm_tcache *tcache_thread_start(void) {
   fm_arena *arena = tc->arena;
   *tc = (fm_tcache){.arena = arena};
   memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
     tc->limit[cls] = tc->room[cls] = limit_start[cls];
-    tc->limit_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
-  }
+  tc->limit_bytes = start_bytes;
   /* Install before pthread_setspecific: it callocs for high key numbers. */
   fm_tc = tc;
   pthread_setspecific(thread_key, tc);
@@ -152,8 +165,10 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   int32_t count = tc->limit[cls] - tc->room[cls];
   if (count > limit) tcache_shrink_bin(tc, cls, limit);
   count = tc->limit[cls] - tc->room[cls];
-  tc->limit_bytes = tc->limit_bytes - (size_t)tc->limit[cls] * fm_class_size[cls] +
-                    (size_t)limit * fm_class_size[cls];
+  size_t old_bytes = (size_t)tc->limit[cls] * fm_class_size[cls];
+  size_t new_bytes = (size_t)limit * fm_class_size[cls];
+  tc->limit_bytes = tc->limit_bytes - old_bytes + new_bytes;
+  grown_add(new_bytes - old_bytes);
   tc->limit[cls] = limit;
   tc->room[cls] = limit - count;
 }
@@ -174,11 +189,14 @@ static void tcache_idle_sweep(fm_tcache *tc) {
   }
 }
 
-/* Doubles the bin's limit while under its maximum and the thread's byte budget. */
+/* Doubles the bin's limit while under its maximum, the thread's byte budget and the
+ * process-wide bound on grown caches. */
 static bool tcache_grow(fm_tcache *tc, unsigned cls) {
   int32_t limit = tc->limit[cls];
-  size_t size = fm_class_size[cls];
-  if (limit >= limit_max[cls] || tc->limit_bytes + (size_t)limit * size > fm_options.tcache_max_bytes)
+  size_t added = (size_t)limit * fm_class_size[cls];
+  if (limit >= limit_max[cls] || tc->limit_bytes + added > fm_options.tcache_max_bytes ||
+      atomic_load_explicit(&grown_bytes, memory_order_relaxed) + added >
+          8 * fm_options.tcache_max_bytes)
     return false;
   tcache_set_limit(tc, cls, limit * 2 > limit_max[cls] ? limit_max[cls] : limit * 2);
   return true;
@@ -212,6 +230,7 @@ static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
   fm_tc = &tcache_dead;
   tcache_flush_all(tc);
+  grown_add(start_bytes - tc->limit_bytes);
   pool_give(tc);
 }
 
@@ -325,6 +344,11 @@ static void fork_parent(void) {
 
 static void fork_child(void) {
   if (!fork_locked) return;
+  /* The other threads' caches are gone with their threads. */
+  fm_tcache *tc = fm_tc;
+  bool own = tc != &tcache_boot && tc != &tcache_dead;
+  atomic_store_explicit(&grown_bytes, own ? tc->limit_bytes - start_bytes : 0,
+                        memory_order_relaxed);
   arena_reset_locks();
   large_reset_locks();
   fm_lock_init(&pool_lock);
