@@ -1,7 +1,7 @@
 /* The per-thread cache and the malloc/free fast paths, inlined into the exported
  * functions. A hit is: no call, no lock, no atomic, no errno write, no "initialised?"
  * test. Every miss tail-calls a noinline slow path in tcache.c.
- * Measured cost (x86-64, gcc 12, hardening on): malloc hit 19 instructions, free hit 18. */
+ * Measured cost (x86-64, gcc 12, hardening on): malloc hit 20 instructions, free hit 18. */
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
 
@@ -41,6 +41,7 @@ static fm_always_inline void *tcache_pop(fm_tcache *tc, unsigned cls, void *bloc
   void *next = fm_decode(*(uintptr_t *)block);
   if (fm_unlikely((uintptr_t)next & 15)) tcache_corrupt(block);
   tc->head[cls] = next;
+  __builtin_prefetch(next);   /* the next malloc of this class reads its link */
   tc->room[cls]++;
   ((uintptr_t *)block)[1] = 0;   /* clear the double-free mark */
   return block;
