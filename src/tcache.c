@@ -27,8 +27,8 @@ static char *pool_bump, *pool_end;
 static unsigned next_arena;
 
 /* Bin bounds per class: a thread starts with about 4 KiB a bin (a thread that allocates
- * little holds little) and a bin doubles on each miss, up to about 2 MiB, while the
- * thread's byte budget allows. */
+ * little holds little) and a bin doubles on each miss, up to about 2 MiB (128 KiB for
+ * blocks over 4 KiB), while the thread's byte budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
 /* What all threads' bins have grown beyond their start limits, in bytes: held under
@@ -43,8 +43,9 @@ static void grown_add(size_t delta) {   /* delta may be "negative": modular arit
                           atomic_load_explicit(&grown_bytes, memory_order_relaxed) + delta,
                           memory_order_relaxed);
 }
-/* At most about 16 KiB (or 32 blocks) a refill: a thread that only allocates (a producer)
- * would otherwise hold, and touch, half its bin's limit ahead of use. */
+/* At most about 16 KiB (or 32 blocks; 4 of those over 4 KiB) a refill: a thread that only
+ * allocates (a producer) would otherwise hold, and touch, half its bin's limit ahead of
+ * use. */
 static unsigned refill_max[FM_BINS];
 
 static void fork_prepare(void);
@@ -57,11 +58,14 @@ void tcache_corrupt(const void *block) { os_fatal("malloc(): corrupted free list
 static void limits_init(void) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t size = (int32_t)fm_class_size[cls];
-    int32_t start = (4 << 10) / size, most = (2 << 20) / size;
+    /* Blocks of several pages are cached sparingly: the memory they pin costs more than
+     * the arena trip they save. */
+    int32_t start = (4 << 10) / size, most = (size > 4096 ? 128 << 10 : 2 << 20) / size;
     limit_start[cls] = start < 2 ? 2 : start > 32 ? 32 : start;
     start_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
-    limit_max[cls] = most < 16 ? 16 : most > 2048 ? 2048 : most;
-    refill_max[cls] = (16u << 10) / (unsigned)size < 32 ? 32 : (16u << 10) / (unsigned)size;
+    limit_max[cls] = most < 4 ? 4 : most > 2048 ? 2048 : most;
+    unsigned batch = (16u << 10) / (unsigned)size;
+    refill_max[cls] = size > 4096 ? 4 : batch < 32 ? 32 : batch;
   }
 }
 
