@@ -50,6 +50,29 @@ static void test_strides(void **state) {
   assert_int_equal(twins, FM_NUM_TWINS);
 }
 
+/* End to end: blocks of the padded 4 KiB class land at the padded stride, so they spread
+ * over the L1 sets instead of all sharing the set of a page's first line. */
+static void test_padded_blocks_spread(void **state) {
+  enum { N = 32 };
+  char *p[N];
+  bool set_used[64] = {false};
+  unsigned sets = 0;
+  for (int i = 0; i < N; i++) {
+    p[i] = malloc(4096);
+    assert_true(p[i] && fm_owns(p[i]));
+    unsigned set = (unsigned)((uintptr_t)p[i] >> 6) & 63;
+    if (!set_used[set]) set_used[set] = true, sets++;
+  }
+  for (int i = 1; i < N; i++) {
+    uintptr_t a = (uintptr_t)p[i - 1], b = (uintptr_t)p[i];
+    uintptr_t gap = a > b ? a - b : b - a;
+    if ((a ^ b) >> FM_UNIT_SHIFT == 0 && gap % (4096 + 64) != 0)
+      fail_msg("blocks %p and %p of one span are %zu apart", p[i - 1], p[i], (size_t)gap);
+  }
+  if (sets < 8) fail_msg("%d blocks of 4 KiB use only %u cache sets", N, sets);
+  for (int i = 0; i < N; i++) free(p[i]);
+}
+
 static void test_aligned_class(void **state) {
   for (size_t a = 16; a <= 32768; a *= 2)
     for (size_t s = 0; s <= FM_SMALL_MAX; s++) {
@@ -70,6 +93,7 @@ int main(void) {
       cmocka_unit_test(test_table_matches_formula),
       cmocka_unit_test(test_smallest_fitting_class),
       cmocka_unit_test(test_strides),
+      cmocka_unit_test(test_padded_blocks_spread),
       cmocka_unit_test(test_aligned_class),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
