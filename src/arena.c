@@ -64,9 +64,9 @@ static void chunk_list_remove(fm_chunk **list, fm_chunk *chunk) {
 
 /* A span of `units` units from a chunk with room; a chunk it fills moves to the full list,
  * so searches never walk the (many) full chunks of a big heap. */
-static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls) {
+static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, bool resident_only) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
-    fm_span *span = chunk_take_span(chunk, units, cls);
+    fm_span *span = chunk_take_span(chunk, units, cls, resident_only);
     if (!span) continue;
     if (!chunk->free_units) {
       chunk_list_remove(&arena->chunks, chunk);
@@ -122,15 +122,18 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
   return chunk;
 }
 
+/* Memory already resident first, so the heap grows its RSS only when it must: free units
+ * still resident, then the empty spans other classes keep, then untouched or purged units,
+ * then a new chunk. */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
-  fm_span *span = arena_find_span(arena, units, cls);
-  /* Before mapping more, let other classes' empty spans serve this one. */
-  if (!span && arena_drop_empty_spans(arena)) span = arena_find_span(arena, units, cls);
+  fm_span *span = arena_find_span(arena, units, cls, true);
+  if (!span && arena_drop_empty_spans(arena)) span = arena_find_span(arena, units, cls, true);
+  if (!span) span = arena_find_span(arena, units, cls, false);
   if (span) return span;
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
   chunk_list_push(&arena->chunks, chunk);
-  return arena_find_span(arena, units, cls);
+  return arena_find_span(arena, units, cls, false);
 }
 
 static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {

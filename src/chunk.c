@@ -74,10 +74,10 @@ static void span_set_all_free(fm_span *span) {
   span->scan = 0;
 }
 
-fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls) {
+fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
-  if (first < 0) first = find_run(chunk->free_units, units);
+  if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
   uint64_t bits = (units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << units) - 1)) << first;
   chunk->free_units &= ~bits;

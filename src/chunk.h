@@ -82,8 +82,9 @@ static fm_always_inline void *fm_decode(uintptr_t stored) { return (void *)(stor
 /* Sets up chunk metadata in fresh, chunk-aligned memory from the OS; NULL on failure. */
 fm_chunk *chunk_init(void *memory, struct fm_arena *arena);
 void chunk_delete(fm_chunk *chunk);
-/* A span of `units` free units of chunk, or NULL; unit-map entries are set to cls. */
-fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls);
+/* A span of `units` free units of chunk (only units whose pages may still be resident,
+ * when resident_only), or NULL; unit-map entries are set to cls. */
+fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only);
 /* Frees the span's units; purged says their pages were already given back to the OS. */
 void chunk_give_back_span(fm_span *span, bool purged);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
