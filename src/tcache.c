@@ -26,9 +26,9 @@ static fm_tcache *pool_free;
 static char *pool_bump, *pool_end;
 static unsigned next_arena;
 
-/* Bin bounds per class: a thread starts with about 4 KiB a bin (a thread that allocates
- * little holds little) and a bin doubles on each miss, up to about 2 MiB (128 KiB for
- * blocks over 4 KiB), while the thread's byte budget allows. */
+/* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
+ * thread that allocates little holds little, and a bin doubles on each miss, up to about
+ * 2 MiB (128 KiB for blocks over 4 KiB), while the thread's byte budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
 /* What all threads' bins have grown beyond their start limits, in bytes: held under
@@ -60,8 +60,8 @@ static void limits_init(void) {
     int32_t size = (int32_t)fm_class_size[cls];
     /* Blocks of several pages are cached sparingly: the memory they pin costs more than
      * the arena trip they save. */
-    int32_t start = (4 << 10) / size, most = (size > 4096 ? 128 << 10 : 2 << 20) / size;
-    limit_start[cls] = start < 2 ? 2 : start > 32 ? 32 : start;
+    int32_t start = (1 << 10) / size, most = (size > 4096 ? 128 << 10 : 2 << 20) / size;
+    limit_start[cls] = start < 1 ? 1 : start > 16 ? 16 : start;
     start_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
     limit_max[cls] = most < 4 ? 4 : most > 2048 ? 2048 : most;
     unsigned batch = (16u << 10) / (unsigned)size;
