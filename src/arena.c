@@ -86,6 +86,21 @@ static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
   chunk_give_back_span(span, purged);
 }
 
+/* Gives one span kept empty, of at least `units` units, back to its chunk (still resident),
+ * so a new span can take its memory; false if no kept span is that long. */
+static bool arena_drop_empty_span(fm_arena *arena, unsigned units) {
+  for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
+    for (fm_span *span = arena->empty[c]; span; span = span->next) {
+      if (span->units < units) continue;
+      span_list_remove(&arena->empty[c], span);
+      arena->empty_count[c]--;
+      arena_give_back_span(arena, span, false);
+      return true;
+    }
+  }
+  return false;
+}
+
 /* Gives every span kept empty back to its chunk (still resident); true if there was one. */
 static bool arena_drop_empty_spans(fm_arena *arena) {
   bool dropped = false;
@@ -123,11 +138,12 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
 }
 
 /* Memory already resident first, so the heap grows its RSS only when it must: free units
- * still resident, then the empty spans other classes keep, then untouched or purged units,
- * then a new chunk. */
+ * still resident, then one empty span another class keeps (all of them, when none alone is
+ * long enough), then untouched or purged units, then a new chunk. */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   fm_span *span = arena_find_span(arena, units, cls, true);
-  if (!span && arena_drop_empty_spans(arena)) span = arena_find_span(arena, units, cls, true);
+  if (!span && (arena_drop_empty_span(arena, units) || arena_drop_empty_spans(arena)))
+    span = arena_find_span(arena, units, cls, true);
   if (!span) span = arena_find_span(arena, units, cls, false);
   if (span) return span;
   fm_chunk *chunk = arena_new_chunk(arena);
