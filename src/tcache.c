@@ -177,19 +177,23 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   tc->room[cls] = limit - count;
 }
 
-/* Every few hundred misses, bins that malloc did not miss in since the last sweep give
- * back half their blocks and half their limit: a quiet thread holds little memory. */
+/* What a bin's slow paths saw since the last idle sweep. */
+enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2 };
+
+/* Every few hundred misses, bins that neither missed nor overflowed since the last sweep
+ * give back half their blocks and half their limit: a quiet thread holds little memory,
+ * while a thread that only frees for a while keeps the bins it frees into. */
 static void tcache_idle_sweep(fm_tcache *tc) {
   if (++tc->misses < 256) return;
   tc->misses = 0;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    if (!tc->refilled[cls] && tc->limit[cls] > limit_start[cls]) {
+    if (!tc->activity[cls] && tc->limit[cls] > limit_start[cls]) {
       int32_t half = tc->limit[cls] / 2;
       tcache_set_limit(tc, cls, half < limit_start[cls] ? limit_start[cls] : half);
-    } else if (!tc->refilled[cls] && tc->head[cls]) {
+    } else if (!tc->activity[cls] && tc->head[cls]) {
       tcache_shrink_bin(tc, cls, (tc->limit[cls] - tc->room[cls]) / 2);
     }
-    tc->refilled[cls] = 0;
+    tc->activity[cls] = 0;
   }
 }
 
@@ -207,7 +211,8 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
 }
 
 static bool tcache_refill(fm_tcache *tc, unsigned cls) {
-  if (tc->refilled[cls]) tcache_grow(tc, cls);   /* slow start: a bin that keeps missing grows */
+  /* slow start: a bin that keeps missing grows */
+  if (tc->activity[cls] & BIN_REFILLED) tcache_grow(tc, cls);
   uintptr_t chain;
   unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
@@ -215,7 +220,7 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   if (!got) return false;
   tc->head[cls] = (void *)chain;
   tc->room[cls] = tc->limit[cls] - (int32_t)got;
-  tc->refilled[cls] = 1;
+  tc->activity[cls] |= BIN_REFILLED;
   return true;
 }
 
@@ -223,7 +228,9 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
  * only frees, like a consumer of messages, gains nothing from holding blocks), else give
  * half of it back to the arenas in one batch. */
 static void tcache_overflow(fm_tcache *tc, unsigned cls) {
-  if (!tc->refilled[cls] || !tcache_grow(tc, cls)) tcache_shrink_bin(tc, cls, tc->limit[cls] / 2);
+  bool grown = (tc->activity[cls] & BIN_REFILLED) && tcache_grow(tc, cls);
+  if (!grown) tcache_shrink_bin(tc, cls, tc->limit[cls] / 2);
+  tc->activity[cls] |= BIN_OVERFLOWED;
 }
 
 static void tcache_flush_all(fm_tcache *tc) {

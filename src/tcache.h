@@ -14,7 +14,7 @@ typedef struct fm_tcache {
    * anyway (one instruction less than a PIC global); all 0 in the sentinels. */
   uint8_t class_of_granule[(FM_SMALL_MAX >> 4) + 1];
   int32_t limit[FM_BINS];    /* adaptive bound on the bin (slow path only) */
-  uint8_t refilled[FM_BINS]; /* malloc missed in the bin since the last idle sweep */
+  uint8_t activity[FM_BINS]; /* BIN_REFILLED | BIN_OVERFLOWED since the last idle sweep */
   fm_arena *arena;
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
