@@ -224,12 +224,20 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   return true;
 }
 
+enum { FLUSH_MAX = 256 };
+
 /* Free found the bin full: grow it if this thread also allocates from it (a thread that
  * only frees, like a consumer of messages, gains nothing from holding blocks), else give
- * half of it back to the arenas in one batch. */
+ * its newest blocks back to the arenas in one batch. */
 static void tcache_overflow(fm_tcache *tc, unsigned cls) {
   bool grown = (tc->activity[cls] & BIN_REFILLED) && tcache_grow(tc, cls);
-  if (!grown) tcache_shrink_bin(tc, cls, tc->limit[cls] / 2);
+  if (!grown) {
+    /* Half the bin, but at most FLUSH_MAX blocks: the walk to their spans then stays in
+     * the newest, still cached lines (half of a 2048-block bin would not fit in L1). */
+    int32_t keep = tc->limit[cls] / 2, count = tc->limit[cls] - tc->room[cls];
+    if (count - keep > FLUSH_MAX) keep = count - FLUSH_MAX;
+    tcache_shrink_bin(tc, cls, keep);
+  }
   tc->activity[cls] |= BIN_OVERFLOWED;
 }
 
