@@ -89,7 +89,7 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
   }
   fm_unit_map_set(base, old, 0);
   if (!os_move(base, old, dest, size)) {
-    /* Only when the kernel is out of mapping slots; dest may be half gone, so it is left
+    /* Only when the kernel is out of mapping slots: dest may be half gone, so it is left
      * as it is (marked ours, never reused) rather than unmapped under another thread. */
     fm_unit_map_set(base, old, FM_CLASS_MAPPED);
     return NULL;

@@ -90,7 +90,11 @@ void *os_remap(void *addr, size_t old_size, size_t new_size) {
 }
 
 bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
-  if (mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED)
+  /* Moving and growing at once leaves one mapping, so a later growth can happen in place;
+   * the kernel checks the growth (RLIMIT_AS, a source split by mprotect) before it drops
+   * dest, so on refusal the pages just move, without growing, onto dest's start. */
+  if (mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED &&
+      mremap(addr, old_size, old_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED)
     return false;
   mapped_add(-old_size);   /* dest's range was counted when it was mapped */
   return true;

@@ -14,9 +14,7 @@ void os_purge(void *addr, size_t size);           /* drop the pages now: RSS fal
 /* Grows or shrinks a mapping in place; NULL when it cannot. */
 void *os_remap(void *addr, size_t old_size, size_t new_size);
 /* Moves a mapping of old_size bytes onto mapping dest (mapped with os_map*, new_size >=
- * old_size long), which it replaces: one mapping of new_size, so a later growth in place
- * can succeed. The kernel unmaps dest before it grows the moved pages, so a resource
- * limit that let dest be mapped cannot refuse the growth. */
+ * old_size long); false only when the kernel refuses even a move without growth. */
 bool os_move(void *addr, size_t old_size, void *dest, size_t new_size);
 size_t os_mapped_bytes(void);
 

@@ -202,9 +202,10 @@ static void tcache_idle_sweep(fm_tcache *tc) {
 static bool tcache_grow(fm_tcache *tc, unsigned cls) {
   int32_t limit = tc->limit[cls];
   size_t added = (size_t)limit * fm_class_size[cls];
-  if (limit >= limit_max[cls] || tc->limit_bytes + added > fm_options.tcache_max_bytes ||
-      atomic_load_explicit(&grown_bytes, memory_order_relaxed) + added >
-          8 * fm_options.tcache_max_bytes)
+  size_t budget = fm_options.tcache_max_bytes;
+  size_t all_budget = budget > SIZE_MAX / 8 ? SIZE_MAX : 8 * budget;
+  if (limit >= limit_max[cls] || tc->limit_bytes + added > budget ||
+      atomic_load_explicit(&grown_bytes, memory_order_relaxed) + added > all_budget)
     return false;
   tcache_set_limit(tc, cls, limit * 2 > limit_max[cls] ? limit_max[cls] : limit * 2);
   return true;

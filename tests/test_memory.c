@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
 
@@ -194,6 +195,36 @@ static void test_thread_churn_rss(void **state) {
     fail_msg("RSS grew from %zu to %zu over 3000 threads", rss_warm, rss_after);
 }
 
+/* realloc of a large block that must move, whose mapping the program split (mprotect on a
+ * page inside it): the kernel refuses to move and grow such a mapping in one call, and the
+ * fallback must neither fail nor leave its destination mapped once the block is freed. */
+static void test_realloc_moves_split_mapping(void **state) {
+  size_t n = 4 * FMT_MIB;
+  malloc_trim(0);
+  size_t mapped_before = fm_mapped_bytes();
+  for (int round = 0; round < 3; round++) {
+    char *p = malloc(n);
+    assert_non_null(p);
+    fmt_fill(p, n, 41);
+    /* The mapping ends at end: make sure something follows it (EEXIST: something does). */
+    char *end = p + malloc_usable_size(p);
+    void *guard = mmap(end, 65536, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    assert_true(guard == end || (guard == MAP_FAILED && errno == EEXIST));
+    assert_int_equal(mprotect(p + FMT_MIB - 64, 4096, PROT_READ | PROT_WRITE | PROT_EXEC), 0);
+    char *q = realloc(p, 2 * n);
+    assert_non_null(q);
+    if (!fmt_check(q, n, 41)) fail_msg("realloc of a split mapping lost contents");
+    free(q);
+    if (guard != MAP_FAILED) munmap(guard, 65536);
+  }
+  malloc_trim(0);
+  size_t mapped_after = fm_mapped_bytes();
+  print_message("split-mapping realloc: mapped %zu before, %zu after\n", mapped_before, mapped_after);
+  if (mapped_after > mapped_before + FMT_MIB)
+    fail_msg("mapped bytes grew from %zu to %zu: a move left its destination behind",
+             mapped_before, mapped_after);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
@@ -201,6 +232,7 @@ int main(void) {
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
       cmocka_unit_test(test_thread_churn_rss),
+      cmocka_unit_test(test_realloc_moves_split_mapping),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
