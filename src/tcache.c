@@ -152,17 +152,23 @@ fm_arena *tcache_arena(void) {
   return tc == &tcache_dead ? &fm_arenas[0] : tc->arena;
 }
 
-/* Gives back the newest blocks of a bin so that `keep` stay: the ones just freed are
- * still in the CPU cache, so walking them to their spans costs no misses. */
-static void tcache_shrink_bin(fm_tcache *tc, unsigned cls, int32_t keep) {
+/* Takes the newest blocks of a bin so that `keep` stay, chained in front of `rest`: the
+ * ones just freed are still in the CPU cache, so walking them to their spans costs no
+ * misses. Returns the chain (rest itself when the bin holds no more than `keep`). */
+static void *tcache_take_newest(fm_tcache *tc, unsigned cls, int32_t keep, void *rest) {
   int32_t count = tc->limit[cls] - tc->room[cls];
-  if (count <= keep) return;
-  void *flushed = tc->head[cls], *last = flushed;
+  if (count <= keep) return rest;
+  void *taken = tc->head[cls], *last = taken;
   for (int32_t i = 1; i < count - keep; i++) last = fm_decode(*(uintptr_t *)last);
   tc->head[cls] = fm_decode(*(uintptr_t *)last);
-  *(uintptr_t *)last = fm_encode(NULL);
+  *(uintptr_t *)last = fm_encode(rest);
   tc->room[cls] = tc->limit[cls] - keep;
-  arena_free_chain(flushed);
+  return taken;
+}
+
+static void tcache_shrink_bin(fm_tcache *tc, unsigned cls, int32_t keep) {
+  void *chain = tcache_take_newest(tc, cls, keep, NULL);
+  if (chain) arena_free_chain(chain);
 }
 
 static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
@@ -242,8 +248,12 @@ static void tcache_overflow(fm_tcache *tc, unsigned cls) {
   tc->activity[cls] |= BIN_OVERFLOWED;
 }
 
+/* Every bin in one chain, so the arenas are locked once each, not once a bin. */
 static void tcache_flush_all(fm_tcache *tc) {
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) tcache_shrink_bin(tc, cls, 0);
+  void *chain = NULL;
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
+    chain = tcache_take_newest(tc, cls, 0, chain);
+  if (chain) arena_free_chain(chain);
 }
 
 static void tcache_thread_exit(void *arg) {
