@@ -43,6 +43,7 @@ static void grown_add(size_t delta) {   /* delta may be "negative": modular arit
                           atomic_load_explicit(&grown_bytes, memory_order_relaxed) + delta,
                           memory_order_relaxed);
 }
+
 /* At most about 16 KiB (or 32 blocks; 4 of those over 4 KiB) a refill: a thread that only
  * allocates (a producer) would otherwise hold, and touch, half its bin's limit ahead of
  * use. */
@@ -231,7 +232,7 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   return true;
 }
 
-enum { FLUSH_MAX = 256 };
+enum { FLUSH_MAX = 256 };   /* the most blocks one overflow gives back */
 
 /* Free found the bin full: grow it if this thread also allocates from it (a thread that
  * only frees, like a consumer of messages, gains nothing from holding blocks), else give
