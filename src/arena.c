@@ -24,42 +24,53 @@ void arena_init_all(void) {
   }
 }
 
-static void span_list_push(fm_span **list, fm_span *span) {
-  span->prev = NULL;
-  span->next = *list;
-  if (*list) (*list)->prev = span;
-  *list = span;
-}
+/* The lists of spans and of chunks, doubly linked through their next and prev fields. */
+#define LIST_PUSH(list, node)                 \
+  do {                                        \
+    (node)->prev = NULL;                      \
+    (node)->next = *(list);                   \
+    if (*(list)) (*(list))->prev = (node);    \
+    *(list) = (node);                         \
+  } while (0)
 
-static void span_list_remove(fm_span **list, fm_span *span) {
-  if (span->prev) span->prev->next = span->next;
-  else *list = span->next;
-  if (span->next) span->next->prev = span->prev;
-  span->next = span->prev = NULL;
-}
+#define LIST_REMOVE(list, node)                              \
+  do {                                                       \
+    if ((node)->prev) (node)->prev->next = (node)->next;     \
+    else *(list) = (node)->next;                             \
+    if ((node)->next) (node)->next->prev = (node)->prev;     \
+    (node)->next = (node)->prev = NULL;                      \
+  } while (0)
 
 /* The partial lists: spans with a free block; `listed` says whether a span is on one. */
 static void partial_push(fm_arena *arena, fm_span *span) {
-  span_list_push(&arena->partial[span->cls], span);
+  LIST_PUSH(&arena->partial[span->cls], span);
   span->listed = 1;
 }
 
 static void partial_remove(fm_arena *arena, fm_span *span) {
-  span_list_remove(&arena->partial[span->cls], span);
+  LIST_REMOVE(&arena->partial[span->cls], span);
   span->listed = 0;
 }
 
-static void chunk_list_push(fm_chunk **list, fm_chunk *chunk) {
-  chunk->prev = NULL;
-  chunk->next = *list;
-  if (*list) (*list)->prev = chunk;
-  *list = chunk;
+/* The empty spans an arena keeps a while, per class: pushed in the purge epoch they
+ * emptied in, so a purge tick can tell how long they have waited. */
+static void kept_push(fm_arena *arena, fm_span *span) {
+  span->empty_since = arena->purge_epoch;
+  LIST_PUSH(&arena->empty[span->cls], span);
+  arena->empty_count[span->cls]++;
 }
 
-static void chunk_list_remove(fm_chunk **list, fm_chunk *chunk) {
-  if (chunk->prev) chunk->prev->next = chunk->next;
-  else *list = chunk->next;
-  if (chunk->next) chunk->next->prev = chunk->prev;
+static void kept_remove(fm_arena *arena, fm_span *span) {
+  LIST_REMOVE(&arena->empty[span->cls], span);
+  arena->empty_count[span->cls]--;
+}
+
+/* A kept span of class cls and `units` units, off its list; NULL when there is none. */
+static fm_span *kept_take(fm_arena *arena, unsigned cls, unsigned units) {
+  fm_span *span = arena->empty[cls];
+  while (span && span->units != units) span = span->next;
+  if (span) kept_remove(arena, span);
+  return span;
 }
 
 /* A span of `units` units from a chunk with room; a chunk it fills moves to the full list,
@@ -69,8 +80,8 @@ static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, b
     fm_span *span = chunk_take_span(chunk, units, cls, resident_only);
     if (!span) continue;
     if (!chunk->free_units) {
-      chunk_list_remove(&arena->chunks, chunk);
-      chunk_list_push(&arena->full_chunks, chunk);
+      LIST_REMOVE(&arena->chunks, chunk);
+      LIST_PUSH(&arena->full_chunks, chunk);
     }
     return span;
   }
@@ -80,40 +91,26 @@ static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, b
 static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   if (!chunk->free_units) {
-    chunk_list_remove(&arena->full_chunks, chunk);
-    chunk_list_push(&arena->chunks, chunk);
+    LIST_REMOVE(&arena->full_chunks, chunk);
+    LIST_PUSH(&arena->chunks, chunk);
   }
   chunk_give_back_span(span, purged);
 }
 
-/* Gives one span kept empty, of at least `units` units, back to its chunk (still resident),
- * so a new span can take its memory; false if no kept span is that long. */
-static bool arena_drop_empty_span(fm_arena *arena, unsigned units) {
-  for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
-    for (fm_span *span = arena->empty[c]; span; span = span->next) {
-      if (span->units < units) continue;
-      span_list_remove(&arena->empty[c], span);
-      arena->empty_count[c]--;
-      arena_give_back_span(arena, span, false);
-      return true;
+/* Gives one kept span back to its chunk, still resident, so a new span can take its
+ * memory: one of at least `units` units if any, else any; false when none is kept. */
+static bool arena_drop_kept_span(fm_arena *arena, unsigned units) {
+  for (unsigned need = units;; need = 1) {
+    for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
+      for (fm_span *span = arena->empty[c]; span; span = span->next) {
+        if (span->units < need) continue;
+        kept_remove(arena, span);
+        arena_give_back_span(arena, span, false);
+        return true;
+      }
     }
+    if (need == 1) return false;
   }
-  return false;
-}
-
-/* Gives every span kept empty back to its chunk (still resident); true if there was one. */
-static bool arena_drop_empty_spans(fm_arena *arena) {
-  bool dropped = false;
-  for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
-    while (arena->empty[c]) {
-      fm_span *span = arena->empty[c];
-      span_list_remove(&arena->empty[c], span);
-      arena_give_back_span(arena, span, false);
-      dropped = true;
-    }
-    arena->empty_count[c] = 0;
-  }
-  return dropped;
 }
 
 /* Chunks are mapped FM_CHUNK_BATCH at a time: mmap and the munmaps that align it take the
@@ -138,26 +135,23 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
 }
 
 /* Memory already resident first, so the heap grows its RSS only when it must: free units
- * still resident, then one empty span another class keeps (all of them, when none alone is
- * long enough), then untouched or purged units, then a new chunk. */
+ * still resident, then the empty spans other classes keep, one at a time, then untouched
+ * or purged units, then a new chunk. */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   fm_span *span = arena_find_span(arena, units, cls, true);
-  if (!span && (arena_drop_empty_span(arena, units) || arena_drop_empty_spans(arena)))
-    span = arena_find_span(arena, units, cls, true);
+  while (!span && arena_drop_kept_span(arena, units)) span = arena_find_span(arena, units, cls, true);
   if (!span) span = arena_find_span(arena, units, cls, false);
   if (span) return span;
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
-  chunk_list_push(&arena->chunks, chunk);
+  LIST_PUSH(&arena->chunks, chunk);
   return arena_find_span(arena, units, cls, false);
 }
 
 static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
-  fm_span *span = arena->empty[cls];
+  fm_span *span = kept_take(arena, cls, span_units[cls]);
   if (span) {
-    span_list_remove(&arena->empty[cls], span);   /* every bit is already set */
-    arena->empty_count[cls]--;
-    span->scan = 0;
+    span->scan = 0;   /* every bit is already set */
   } else {
     span = arena_take_span(arena, span_units[cls], cls);
     if (!span) return NULL;
@@ -210,21 +204,23 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr
 /* Under the lock, from paths that free: every purge delay, a tick purges what stayed
  * empty for a whole tick. The clock is read on every 64th call only. The same tick
  * visits the arenas that nobody frees into any more (a finished thread's), unless busy. */
+static void arena_tick(fm_arena *arena, uint64_t now) {
+  arena->next_purge_ns = now + fm_options.purge_delay_ns;
+  arena->purge_epoch++;
+  arena_purge(arena, false);
+}
+
 static void arena_purge_tick(fm_arena *arena) {
   if (++arena->frees % 64) return;
   uint64_t now = os_now_ns();
   if (now < arena->next_purge_ns) return;
-  arena->next_purge_ns = now + fm_options.purge_delay_ns;
-  arena->purge_epoch++;
-  arena_purge(arena, false);
+  arena_tick(arena, now);
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
     fm_arena *idle = &fm_arenas[i];
     if (idle == arena || now < idle->next_purge_ns + fm_options.purge_delay_ns) continue;
     if (!fm_trylock(&idle->lock, threaded)) continue;
-    idle->next_purge_ns = now + fm_options.purge_delay_ns;
-    idle->purge_epoch++;
-    arena_purge(idle, false);
+    arena_tick(idle, now);
     fm_unlock(&idle->lock, threaded);
   }
 }
@@ -239,9 +235,7 @@ static void arena_span_emptied(fm_arena *arena, fm_span *span) {
                   ? arena->empty_count[cls] < 16
                   : (size_t)arena->empty_count[cls] * span_bytes(span) < ((size_t)4 << 20);
   if (keep) {
-    span->empty_since = arena->purge_epoch;
-    span_list_push(&arena->empty[cls], span);
-    arena->empty_count[cls]++;
+    kept_push(arena, span);
     return;
   }
   arena_give_back_span(arena, span, false);
@@ -323,14 +317,8 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size) {
   if (units > FM_SPAN_LARGE_MAX_UNITS) return NULL;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  fm_span *span = arena->empty[FM_CLASS_SPAN_LARGE];
-  while (span && span->units != units) span = span->next;
-  if (span) {
-    span_list_remove(&arena->empty[FM_CLASS_SPAN_LARGE], span);
-    arena->empty_count[FM_CLASS_SPAN_LARGE]--;
-  } else {
-    span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
-  }
+  fm_span *span = kept_take(arena, FM_CLASS_SPAN_LARGE, (unsigned)units);
+  if (!span) span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
   if (span) span->used = 1;
   fm_unlock(&arena->lock, threaded);
   return span ? span->start : NULL;
@@ -402,8 +390,7 @@ size_t arena_purge(fm_arena *arena, bool force) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
       next = span->next;
       if (force || span->empty_since + 2 <= arena->purge_epoch) {
-        span_list_remove(&arena->empty[cls], span);
-        arena->empty_count[cls]--;
+        kept_remove(arena, span);
         os_purge(span->start, span_bytes(span));
         released += span_bytes(span);
         arena_give_back_span(arena, span, true);
@@ -418,7 +405,7 @@ size_t arena_purge(fm_arena *arena, bool force) {
     if (chunk->free_units == FM_CHUNK_ALL_UNITS && force) {
       /* Only trim unmaps empty chunks: munmap and mmap hold the kernel's mapping lock
        * against every page fault of every thread; a purged chunk costs no RSS. */
-      chunk_list_remove(&arena->chunks, chunk);
+      LIST_REMOVE(&arena->chunks, chunk);
       released += (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
       fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
       chunk_delete(chunk);

@@ -58,6 +58,11 @@ void chunk_delete(fm_chunk *chunk) {
   os_unmap(chunk, FM_CHUNK_SIZE);
 }
 
+/* Bits first .. first + units - 1: those units of a chunk. */
+static uint64_t unit_bits(unsigned first, unsigned units) {
+  return (units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << units) - 1)) << first;
+}
+
 /* Lowest run of `units` set bits in mask, or -1. */
 static int find_run(uint64_t mask, unsigned units) {
   uint64_t run = mask;
@@ -79,7 +84,7 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
   if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
-  uint64_t bits = (units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << units) - 1)) << first;
+  uint64_t bits = unit_bits((unsigned)first, units);
   chunk->free_units &= ~bits;
   chunk->dirty_units &= ~bits;
   chunk->stale_units &= ~bits;
@@ -102,11 +107,10 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   return span;
 }
 
-
 void chunk_give_back_span(fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   unsigned first = (unsigned)(span - chunk->spans);
-  uint64_t bits = (span->units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << span->units) - 1)) << first;
+  uint64_t bits = unit_bits(first, span->units);
   fm_unit_map_set(span->start, span_bytes(span), 0);
   chunk->free_units |= bits;
   if (!purged) chunk->dirty_units |= bits;
@@ -121,8 +125,7 @@ size_t chunk_purge(fm_chunk *chunk, bool force) {
     if (first + len > 64) len = 64 - first;
     os_purge((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE);
     purged += (size_t)len * FM_UNIT_SIZE;
-    uint64_t bits = (len == 64 ? ~(uint64_t)0 : (((uint64_t)1 << len) - 1)) << first;
-    dirty &= ~bits;
+    dirty &= ~unit_bits(first, len);
   }
   chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units);
   chunk->stale_units = chunk->dirty_units & chunk->free_units;

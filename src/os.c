@@ -17,13 +17,9 @@
 
 extern char **environ;
 
-static size_t os_mapped;
+static size_t os_mapped;   /* bytes mapped read-write, through fm_count_add */
 
-/* The mapped-bytes count: an atomic add only once the process has a second thread. */
-static void mapped_add(size_t delta) {
-  if (fm_threaded()) __atomic_fetch_add(&os_mapped, delta, __ATOMIC_RELAXED);
-  else os_mapped += delta;
-}
+static void mapped_add(size_t delta) { fm_count_add(&os_mapped, delta); }
 
 static void *os_mmap(void *hint, size_t size, int prot, int flags) {
   void *p = mmap(hint, size, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -53,8 +49,6 @@ void *os_map_aligned(size_t size, size_t align) {
   if (p) mapped_add(size);
   return p;
 }
-
-
 
 void *os_reserve_readonly(size_t size) {
   /* A private read-only mapping is not charged against the commit limit, even under

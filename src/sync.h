@@ -18,6 +18,13 @@ static fm_always_inline bool fm_threaded(void) {
 #endif
 }
 
+/* Adds delta (modular: "negative" works) to a statistics counter that any thread may
+ * update: a locked add only once the process has a second thread. */
+static inline void fm_count_add(size_t *counter, size_t delta) {
+  if (fm_threaded()) __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
+  else __atomic_store_n(counter, __atomic_load_n(counter, __ATOMIC_RELAXED) + delta, __ATOMIC_RELAXED);
+}
+
 /* A three-state futex lock: 0 free, 1 held, 2 held with waiters. Being one int, a
  * fork child can reset it with fm_lock_init. */
 typedef struct fm_lock {

@@ -33,16 +33,7 @@ static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
 /* What all threads' bins have grown beyond their start limits, in bytes: held under
  * 8 x the per-thread budget, so 400 busy threads do not hold 400 full budgets. */
-static _Atomic size_t grown_bytes;
-
-static void grown_add(size_t delta) {   /* delta may be "negative": modular arithmetic */
-  if (fm_threaded())
-    atomic_fetch_add_explicit(&grown_bytes, delta, memory_order_relaxed);
-  else   /* no other thread: no locked instruction */
-    atomic_store_explicit(&grown_bytes,
-                          atomic_load_explicit(&grown_bytes, memory_order_relaxed) + delta,
-                          memory_order_relaxed);
-}
+static size_t grown_bytes;   /* through fm_count_add */
 
 /* At most about 16 KiB (or 32 blocks; 4 of those over 4 KiB) a refill: a thread that only
  * allocates (a producer) would otherwise hold, and touch, half its bin's limit ahead of
@@ -179,7 +170,7 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   size_t old_bytes = (size_t)tc->limit[cls] * fm_class_size[cls];
   size_t new_bytes = (size_t)limit * fm_class_size[cls];
   tc->limit_bytes = tc->limit_bytes - old_bytes + new_bytes;
-  grown_add(new_bytes - old_bytes);
+  fm_count_add(&grown_bytes, new_bytes - old_bytes);
   tc->limit[cls] = limit;
   tc->room[cls] = limit - count;
 }
@@ -212,7 +203,7 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
   size_t budget = fm_options.tcache_max_bytes;
   size_t all_budget = budget > SIZE_MAX / 8 ? SIZE_MAX : 8 * budget;
   if (limit >= limit_max[cls] || tc->limit_bytes + added > budget ||
-      atomic_load_explicit(&grown_bytes, memory_order_relaxed) + added > all_budget)
+      __atomic_load_n(&grown_bytes, __ATOMIC_RELAXED) + added > all_budget)
     return false;
   tcache_set_limit(tc, cls, limit * 2 > limit_max[cls] ? limit_max[cls] : limit * 2);
   return true;
@@ -261,7 +252,7 @@ static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
   fm_tc = &tcache_dead;
   tcache_flush_all(tc);
-  grown_add(start_bytes - tc->limit_bytes);
+  fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
   pool_give(tc);
 }
 
@@ -378,8 +369,7 @@ static void fork_child(void) {
   /* The other threads' caches are gone with their threads. */
   fm_tcache *tc = fm_tc;
   bool own = tc != &tcache_boot && tc != &tcache_dead;
-  atomic_store_explicit(&grown_bytes, own ? tc->limit_bytes - start_bytes : 0,
-                        memory_order_relaxed);
+  __atomic_store_n(&grown_bytes, own ? tc->limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
   arena_reset_locks();
   large_reset_locks();
   fm_lock_init(&pool_lock);
