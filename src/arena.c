@@ -160,44 +160,34 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   return span;
 }
 
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr_t *chain) {
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
   size_t size = fm_class_stride[cls];   /* distance between blocks */
-  void *head = NULL;
   unsigned got = 0;
   while (got < want) {
     fm_span *span = arena->partial[cls];
     if (!span && !(span = arena_new_span(arena, cls))) break;
-    /* Take free blocks in address order, linking each to the next; the last of this
-     * span links to what earlier spans gave. */
+    /* Free blocks in address order, from the lowest bitmap word that has one. */
     uint64_t *bits = span_free_bits(span);
     char *start = span->start;
     uint32_t words = (span->capacity + 63) / 64, w = span->scan, taken = 0;
-    char *first = NULL, *last = NULL;
     for (; w < words && got + taken < want; w++) {
       uint64_t word = bits[w];
       while (word && got + taken < want) {
-        char *block = start + ((size_t)w * 64 + (unsigned)__builtin_ctzll(word)) * size;
+        out[got + taken++] = start + ((size_t)w * 64 + (unsigned)__builtin_ctzll(word)) * size;
         word &= word - 1;
-        if (last) *(uintptr_t *)last = fm_encode(block);
-        else first = block;
-        last = block;
-        taken++;
       }
       bits[w] = word;
       if (word) break;
     }
     span->scan = w;
     fm_assert(taken > 0);   /* a listed span has a free block */
-    *(uintptr_t *)last = fm_encode(head);
-    head = first;
     got += taken;
     span->used += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
   }
   fm_unlock(&arena->lock, threaded);
-  *chain = (uintptr_t)head;
   return got;
 }
 
@@ -259,56 +249,47 @@ static uint32_t span_block_index(const fm_span *span, const void *p) {
   return index;
 }
 
-/* Gives back the run of blocks of one span that starts the chain at *chain (the span's
- * fields stay in registers meanwhile); leaves *chain at the first block of another span. */
-static void span_return_run(fm_arena *arena, fm_span *span, void **chain) {
-  char *block = *chain, *start = span->start;
-  size_t span_len = span_bytes(span);
+/* Gives back blocks[0 ..] while they lie in span, whose fields stay in registers
+ * meanwhile; returns how many it took. */
+static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *blocks, size_t n) {
+  char *start = span->start;
+  size_t span_len = span_bytes(span), i = 0;
   uint32_t magic = span->index_magic, size = span->block_size, capacity = span->capacity;
-  uint32_t low_word = span->scan, freed = 0;
+  uint32_t low_word = span->scan;
   uint64_t *bits = span_free_bits(span);
-  const uintptr_t key = fm_key;   /* a local: stores to bits[] cannot change it */
-  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", block);
+  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", blocks[0]);
   do {
-    char *next = (char *)(*(uintptr_t *)block ^ key);
+    char *block = blocks[i];
     uint32_t index = block_index((size_t)(block - start), magic, size, capacity);
     if (fm_unlikely(index == UINT32_MAX)) os_fatal("free(): invalid pointer", block);
     uint64_t bit = (uint64_t)1 << (index % 64);
     if (fm_unlikely(bits[index / 64] & bit)) os_fatal("free(): double free detected", block);
     bits[index / 64] |= bit;
     if (index / 64 < low_word) low_word = index / 64;
-    freed++;
-    block = next;
-  } while (block && (size_t)(block - start) < span_len);
-  *chain = block;
+  } while (++i < n && (size_t)((char *)blocks[i] - start) < span_len);
   span->scan = low_word;
-  span->used -= freed;
+  span->used -= (uint32_t)i;
   if (!span->listed) partial_push(arena, span);
   if (span->used == 0) arena_span_emptied(arena, span);
+  return i;
 }
 
-void arena_free_chain(void *first) {
+void arena_free_blocks(void **blocks, size_t n) {
   bool threaded = fm_threaded();
-  void *pending = first;
-  while (pending) {
-    /* One pass per owning arena: blocks of other arenas wait for a later pass. */
-    void *block = pending;
-    pending = NULL;
-    fm_arena *arena = span_of(block)->arena;
+  while (n) {
+    /* One pass per owning arena; the blocks of other arenas move to the front of the
+     * array and wait for a later pass. */
+    fm_arena *arena = span_of(blocks[0])->arena;
+    size_t pending = 0;
     fm_lock(&arena->lock, threaded);
-    while (block) {
-      fm_span *span = span_of(block);
-      if (span->arena == arena) {
-        span_return_run(arena, span, &block);
-      } else {
-        void *next = fm_decode(*(uintptr_t *)block);
-        *(uintptr_t *)block = fm_encode(pending);
-        pending = block;
-        block = next;
-      }
+    for (size_t i = 0; i < n;) {
+      fm_span *span = span_of(blocks[i]);
+      if (span->arena == arena) i += span_return_run(arena, span, blocks + i, n - i);
+      else blocks[pending++] = blocks[i++];
     }
     arena_purge_tick(arena);
     fm_unlock(&arena->lock, threaded);
+    n = pending;
   }
 }
 

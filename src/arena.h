@@ -29,13 +29,13 @@ extern fm_hidden unsigned fm_arena_count;
 
 void arena_init_all(void);
 
-/* Takes up to `want` blocks of class cls; returns how many, chained (encoded) in *chain
- * with the last block's link encoding NULL. 0 means out of memory. */
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, uintptr_t *chain);
+/* Takes up to `want` blocks of class cls into out[0 .. got), in address order, writing
+ * nothing into them; returns got, 0 when out of memory. */
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out);
 
-/* Gives back the blocks chained from first (encoded links, NULL-terminated), each to the arena that
- * owns it: one lock acquisition per owning arena, however they are mixed. */
-void arena_free_chain(void *first);
+/* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
+ * acquisition per owning arena, however they are mixed. Reorders blocks[]. */
+void arena_free_blocks(void **blocks, size_t n);
 
 /* One block of size > FM_SMALL_MAX as a whole span, when it fits in a chunk; NULL else. */
 void *arena_alloc_span_large(fm_arena *arena, size_t size);

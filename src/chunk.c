@@ -13,7 +13,6 @@
 
 static const uint8_t fm_unit_map_boot[1];
 const uint8_t *fm_unit_map = fm_unit_map_boot;
-uintptr_t fm_key;
 uintptr_t fm_mark;
 
 /* Which pages of the unit map have been made writable (one bit a page). */

@@ -48,8 +48,7 @@ _Static_assert(sizeof(fm_chunk) <= FM_UNIT_SIZE, "chunk metadata fits in unit 0"
 /* The unit map; before fm_unit_map_init it points at a single zero byte, so free(NULL)
  * works from the first instruction of the process. */
 extern fm_hidden const uint8_t *fm_unit_map;
-extern fm_hidden uintptr_t fm_key;    /* per-process random key of the free-list encoding */
-extern fm_hidden uintptr_t fm_mark;   /* another one: the freed-block mark, large-block check */
+extern fm_hidden uintptr_t fm_mark;   /* per-process random key: freed-block mark, large-block check */
 
 bool fm_unit_map_init(void);
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);
@@ -74,10 +73,6 @@ static inline uint64_t *span_free_bits(fm_span *span) {
   fm_chunk *chunk = chunk_of(span);
   return chunk->free_bits[span - chunk->spans];
 }
-
-/* Free lists are stored encoded, so a stray write into a free block is caught on pop. */
-static fm_always_inline uintptr_t fm_encode(const void *next) { return (uintptr_t)next ^ fm_key; }
-static fm_always_inline void *fm_decode(uintptr_t stored) { return (void *)(stored ^ fm_key); }
 
 /* Sets up chunk metadata in fresh, chunk-aligned memory from the OS; NULL on failure. */
 fm_chunk *chunk_init(void *memory, struct fm_arena *arena);

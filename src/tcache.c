@@ -10,10 +10,7 @@
 #include "large.h"
 #include "options.h"
 
-/* The sentinels: every bin empty (malloc misses) and full (free misses). */
-static fm_tcache tcache_boot;
-static fm_tcache tcache_dead;
-__thread fm_tcache *fm_tc __attribute__((tls_model("initial-exec"))) = &tcache_boot;
+__thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
 
 static fm_lock_t init_lock = FM_LOCK_INIT;
 static _Atomic int init_done;
@@ -21,9 +18,9 @@ static bool init_tried;   /* set-up runs once: a failure is final (malloc answer
 static _Atomic int atfork_registered;
 static pthread_key_t thread_key;
 
+/* The bins' arrays of finished threads, linked through their first slot. */
 static fm_lock_t pool_lock = FM_LOCK_INIT;
-static fm_tcache *pool_free;
-static char *pool_bump, *pool_end;
+static void **pool_free;
 static unsigned next_arena;
 
 /* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
@@ -31,13 +28,15 @@ static unsigned next_arena;
  * 2 MiB (128 KiB for blocks over 4 KiB), while the thread's byte budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
+static size_t start_slots;   /* the slots the start layout takes */
+static size_t slots_bytes;   /* one bins' array: room for every bin at its largest limit
+                                (only the pages the bins reach get touched) */
 /* What all threads' bins have grown beyond their start limits, in bytes: held under
  * 8 x the per-thread budget, so 400 busy threads do not hold 400 full budgets. */
 static size_t grown_bytes;   /* through fm_count_add */
 
 /* At most about 16 KiB (or 32 blocks; 4 of those over 4 KiB) a refill: a thread that only
- * allocates (a producer) would otherwise hold, and touch, half its bin's limit ahead of
- * use. */
+ * allocates (a producer) would otherwise hold half its bin's limit ahead of use. */
 static unsigned refill_max[FM_BINS];
 
 static void fork_prepare(void);
@@ -45,9 +44,14 @@ static void fork_parent(void);
 static void fork_child(void);
 static void tcache_thread_exit(void *arg);
 
-void tcache_corrupt(const void *block) { os_fatal("malloc(): corrupted free list at", block); }
+/* The room a bin that must hold `limit` blocks gets: 4 x limit (at most its largest
+ * limit), so a bin that keeps growing moves the others a few times only. */
+static int32_t bin_room(unsigned cls, int32_t limit) {
+  return 4 * limit < limit_max[cls] ? 4 * limit : limit_max[cls];
+}
 
 static void limits_init(void) {
+  size_t slots = 0;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t size = (int32_t)fm_class_size[cls];
     /* Blocks of several pages are cached sparingly: the memory they pin costs more than
@@ -56,9 +60,13 @@ static void limits_init(void) {
     limit_start[cls] = start < 1 ? 1 : start > 16 ? 16 : start;
     start_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
     limit_max[cls] = most < 4 ? 4 : most > 2048 ? 2048 : most;
+    slots += (size_t)limit_max[cls];
     unsigned batch = (16u << 10) / (unsigned)size;
     refill_max[cls] = size > 4096 ? 4 : batch < 32 ? 32 : batch;
   }
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
+    start_slots += (size_t)bin_room(cls, limit_start[cls]);
+  slots_bytes = (slots * sizeof(void *) + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1);
 }
 
 bool fm_init(void) {
@@ -69,7 +77,6 @@ bool fm_init(void) {
     fm_options_init();
     fm_size_class_init();
     limits_init();
-    fm_key = (uintptr_t)os_random64();
     fm_mark = (uintptr_t)os_random64();
     arena_init_all();
     if (fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0)
@@ -85,94 +92,117 @@ bool fm_init(void) {
 
 __attribute__((constructor(101))) static void fm_constructor(void) { fm_init(); }
 
-static fm_tcache *pool_take(void) {
+/* Gives the new cache tc its bins' array, from the pool of finished threads' or a new
+ * mapping, and its arena; false when out of memory. */
+static bool pool_take(fm_tcache *tc) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
-  fm_tcache *tc = pool_free;
-  if (tc) {
-    pool_free = tc->next_free;
-  } else {
-    if (pool_end - pool_bump < (ptrdiff_t)sizeof(fm_tcache)) {
-      size_t bytes = 64 * 1024;
-      pool_bump = os_map(bytes);
-      pool_end = pool_bump ? pool_bump + bytes : NULL;
-    }
-    if (pool_bump) {
-      tc = (fm_tcache *)pool_bump;
-      pool_bump += (sizeof(fm_tcache) + 63) & ~(size_t)63;
-    }
+  void **slots = pool_free;
+  if (slots) pool_free = *(void ***)slots;
+  tc->arena = &fm_arenas[next_arena++ % fm_arena_count];
+  fm_unlock(&pool_lock, threaded);
+  if (!slots) slots = os_map(slots_bytes);
+  tc->slots = slots;
+  return slots != NULL;
+}
+
+static void pool_give(void **slots) {
+  bool threaded = fm_threaded();
+  fm_lock(&pool_lock, threaded);
+  *(void ***)slots = pool_free;
+  pool_free = slots;
+  fm_unlock(&pool_lock, threaded);
+}
+
+static int32_t bin_count(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->top[cls] - tc->low[cls]); }
+static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->high[cls] - tc->low[cls]); }
+
+/* The slots set aside for bin cls: up to the next bin's low end (the last bin's: the
+ * layout's end). A bin's limit may grow up to it without moving anything. */
+static int32_t bin_capacity(const fm_tcache *tc, unsigned cls) {
+  void **end = cls < FM_NUM_SPAN_CLASSES ? tc->low[cls + 1] : tc->layout_end;
+  return (int32_t)(end - tc->low[cls]);
+}
+
+/* The start layout: the bins in class order, each with its start limit and room. */
+static void tcache_layout_start(fm_tcache *tc) {
+  void **at = tc->slots;
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+    tc->low[cls] = tc->top[cls] = at;
+    tc->high[cls] = at + limit_start[cls];
+    at += bin_room(cls, limit_start[cls]);
   }
-  if (tc) tc->arena = &fm_arenas[next_arena++ % fm_arena_count];
-  fm_unlock(&pool_lock, threaded);
-  return tc;
+  tc->layout_end = at;
+  if (at > tc->reached) tc->reached = at;
 }
 
-static void pool_give(fm_tcache *tc) {
-  bool threaded = fm_threaded();
-  fm_lock(&pool_lock, threaded);
-  tc->next_free = pool_free;
-  pool_free = tc;
-  fm_unlock(&pool_lock, threaded);
+/* Gives bin cls room for `limit` blocks by moving the bins above it up, with their
+ * blocks. */
+static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
+  ptrdiff_t delta = bin_room(cls, limit) - bin_capacity(tc, cls);
+  for (unsigned c = FM_NUM_SPAN_CLASSES; c > cls; c--) {
+    int32_t count = bin_count(tc, c);
+    void **low = tc->low[c] + delta;
+    if (count) memmove(low, tc->low[c], (size_t)count * sizeof(void *));
+    tc->low[c] = low;
+    tc->top[c] = low + count;
+    tc->high[c] += delta;
+  }
+  tc->layout_end += delta;
+  if (tc->layout_end > tc->reached) tc->reached = tc->layout_end;
 }
 
-/* Sets up the calling thread's cache; the dead sentinel when that is impossible. */
-static fm_tcache *tcache_thread_start(void) {
-  if (!fm_init()) return &tcache_dead;
+/* Sets up the calling thread's cache, or marks it dead when that is impossible. */
+static void tcache_thread_start(fm_tcache *tc) {
+  if (!fm_init()) {
+    tc->state = FM_TCACHE_DEAD;
+    return;
+  }
   /* The first call's set-up may have allocated (pthread_atfork), setting this thread up. */
-  if (fm_tc != &tcache_boot) return fm_tc;
-  fm_tcache *tc = pool_take();
-  if (!tc) return &tcache_dead;
-  fm_arena *arena = tc->arena;
-  *tc = (fm_tcache){.arena = arena};
+  if (tc->state != FM_TCACHE_BOOT) return;
+  if (!pool_take(tc)) {
+    tc->state = FM_TCACHE_DEAD;
+    return;
+  }
   memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
-    tc->limit[cls] = tc->room[cls] = limit_start[cls];
+  tcache_layout_start(tc);
   tc->limit_bytes = start_bytes;
-  /* Install before pthread_setspecific: it callocs for high key numbers. */
-  fm_tc = tc;
+  /* Live before pthread_setspecific: it callocs for high key numbers. */
+  tc->state = FM_TCACHE_LIVE;
   pthread_setspecific(thread_key, tc);
-  return tc;
 }
 
 static fm_tcache *tcache_current(void) {
-  fm_tcache *tc = fm_tc;
-  return tc == &tcache_boot ? tcache_thread_start() : tc;
+  fm_tcache *tc = &fm_tc;
+  if (tc->state == FM_TCACHE_BOOT) tcache_thread_start(tc);
+  return tc;
 }
 
 fm_arena *tcache_arena(void) {
   fm_tcache *tc = tcache_current();
-  return tc == &tcache_dead ? &fm_arenas[0] : tc->arena;
+  return tc->state == FM_TCACHE_DEAD ? &fm_arenas[0] : tc->arena;
 }
 
-/* Takes the newest blocks of a bin so that `keep` stay, chained in front of `rest`: the
- * ones just freed are still in the CPU cache, so walking them to their spans costs no
- * misses. Returns the chain (rest itself when the bin holds no more than `keep`). */
-static void *tcache_take_newest(fm_tcache *tc, unsigned cls, int32_t keep, void *rest) {
-  int32_t count = tc->limit[cls] - tc->room[cls];
-  if (count <= keep) return rest;
-  void *taken = tc->head[cls], *last = taken;
-  for (int32_t i = 1; i < count - keep; i++) last = fm_decode(*(uintptr_t *)last);
-  tc->head[cls] = fm_decode(*(uintptr_t *)last);
-  *(uintptr_t *)last = fm_encode(rest);
-  tc->room[cls] = tc->limit[cls] - keep;
-  return taken;
+/* Gives the n oldest blocks of bin cls back to the arenas; the newest, likely still in
+ * the CPU cache, stay for the next mallocs. */
+static void tcache_flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
+  if (n <= 0) return;
+  void **low = tc->low[cls];
+  int32_t keep = bin_count(tc, cls) - n;
+  arena_free_blocks(low, (size_t)n);
+  memmove(low, low + n, (size_t)keep * sizeof(void *));
+  tc->top[cls] = low + keep;
 }
 
-static void tcache_shrink_bin(fm_tcache *tc, unsigned cls, int32_t keep) {
-  void *chain = tcache_take_newest(tc, cls, keep, NULL);
-  if (chain) arena_free_chain(chain);
-}
-
+/* Sets bin cls's limit, under the byte accounting: the oldest blocks beyond it go back. */
 static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
-  int32_t count = tc->limit[cls] - tc->room[cls];
-  if (count > limit) tcache_shrink_bin(tc, cls, limit);
-  count = tc->limit[cls] - tc->room[cls];
-  size_t old_bytes = (size_t)tc->limit[cls] * fm_class_size[cls];
+  tcache_flush_oldest(tc, cls, bin_count(tc, cls) - limit);
+  if (limit > bin_capacity(tc, cls)) bin_widen(tc, cls, limit);
+  size_t old_bytes = (size_t)bin_limit(tc, cls) * fm_class_size[cls];
   size_t new_bytes = (size_t)limit * fm_class_size[cls];
   tc->limit_bytes = tc->limit_bytes - old_bytes + new_bytes;
   fm_count_add(&grown_bytes, new_bytes - old_bytes);
-  tc->limit[cls] = limit;
-  tc->room[cls] = limit - count;
+  tc->high[cls] = tc->low[cls] + limit;
 }
 
 /* What a bin's slow paths saw since the last idle sweep. */
@@ -185,12 +215,11 @@ static void tcache_idle_sweep(fm_tcache *tc) {
   if (++tc->misses < 256) return;
   tc->misses = 0;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    if (!tc->activity[cls] && tc->limit[cls] > limit_start[cls]) {
-      int32_t half = tc->limit[cls] / 2;
-      tcache_set_limit(tc, cls, half < limit_start[cls] ? limit_start[cls] : half);
-    } else if (!tc->activity[cls] && tc->head[cls]) {
-      tcache_shrink_bin(tc, cls, (tc->limit[cls] - tc->room[cls]) / 2);
-    }
+    int32_t limit = bin_limit(tc, cls);
+    if (!tc->activity[cls] && limit > limit_start[cls])
+      tcache_set_limit(tc, cls, limit / 2 < limit_start[cls] ? limit_start[cls] : limit / 2);
+    else if (!tc->activity[cls])
+      tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
     tc->activity[cls] = 0;
   }
 }
@@ -198,7 +227,7 @@ static void tcache_idle_sweep(fm_tcache *tc) {
 /* Doubles the bin's limit while under its maximum, the thread's byte budget and the
  * process-wide bound on grown caches. */
 static bool tcache_grow(fm_tcache *tc, unsigned cls) {
-  int32_t limit = tc->limit[cls];
+  int32_t limit = bin_limit(tc, cls);
   size_t added = (size_t)limit * fm_class_size[cls];
   size_t budget = fm_options.tcache_max_bytes;
   size_t all_budget = budget > SIZE_MAX / 8 ? SIZE_MAX : 8 * budget;
@@ -212,68 +241,68 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
 static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   /* slow start: a bin that keeps missing grows */
   if (tc->activity[cls] & BIN_REFILLED) tcache_grow(tc, cls);
-  uintptr_t chain;
-  unsigned want = (unsigned)(tc->limit[cls] + 1) / 2;
+  unsigned want = (unsigned)(bin_limit(tc, cls) + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, &chain);
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, tc->low[cls]);
   if (!got) return false;
-  tc->head[cls] = (void *)chain;
-  tc->room[cls] = tc->limit[cls] - (int32_t)got;
+  tc->top[cls] = tc->low[cls] + got;
   tc->activity[cls] |= BIN_REFILLED;
   return true;
 }
 
-enum { FLUSH_MAX = 256 };   /* the most blocks one overflow gives back */
-
 /* Free found the bin full: grow it if this thread also allocates from it (a thread that
  * only frees, like a consumer of messages, gains nothing from holding blocks), else give
- * its newest blocks back to the arenas in one batch. */
+ * its older half back to the arenas in one batch. */
 static void tcache_overflow(fm_tcache *tc, unsigned cls) {
   bool grown = (tc->activity[cls] & BIN_REFILLED) && tcache_grow(tc, cls);
-  if (!grown) {
-    /* Half the bin, but at most FLUSH_MAX blocks: the walk to their spans then stays in
-     * the newest, still cached lines (half of a 2048-block bin would not fit in L1). */
-    int32_t keep = tc->limit[cls] / 2, count = tc->limit[cls] - tc->room[cls];
-    if (count - keep > FLUSH_MAX) keep = count - FLUSH_MAX;
-    tcache_shrink_bin(tc, cls, keep);
-  }
+  if (!grown) tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
   tc->activity[cls] |= BIN_OVERFLOWED;
 }
 
-/* Every bin in one chain, so the arenas are locked once each, not once a bin. */
+/* Every bin in one array, so the arenas are locked once each, not once a bin: the bins
+ * lie in class order, so each moves down to follow the previous one. */
 static void tcache_flush_all(fm_tcache *tc) {
-  void *chain = NULL;
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
-    chain = tcache_take_newest(tc, cls, 0, chain);
-  if (chain) arena_free_chain(chain);
+  void **end = tc->slots;
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+    int32_t count = bin_count(tc, cls);
+    if (count) memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
+    end += count;
+    tc->top[cls] = tc->low[cls];
+  }
+  if (end > tc->slots) arena_free_blocks(tc->slots, (size_t)(end - tc->slots));
 }
 
 static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
-  fm_tc = &tcache_dead;
   tcache_flush_all(tc);
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
-  pool_give(tc);
+  /* The pages that grown bins reached go back: the next thread starts small. */
+  uintptr_t page = FM_PAGE_SIZE - 1;
+  char *keep_end = (char *)(((uintptr_t)(tc->slots + start_slots) + page) & ~page);
+  char *reached_end = (char *)(((uintptr_t)tc->reached + page) & ~page);
+  if (reached_end > keep_end) os_purge(keep_end, (size_t)(reached_end - keep_end));
+  pool_give(tc->slots);
+  *tc = (fm_tcache){.state = FM_TCACHE_DEAD};
 }
 
 /* One block straight from the arena, for threads whose cache is gone. */
 static void *arena_malloc_one(unsigned cls) {
-  uintptr_t chain;
-  if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &chain)) return NULL;
-  ((uintptr_t *)chain)[1] = 0;
-  return (void *)chain;
+  void *block;
+  if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &block)) return NULL;
+  ((uintptr_t *)block)[1] = 0;
+  return block;
 }
 
 /* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
  * one block straight from an arena. */
 static void *malloc_slow(fm_tcache *tc, unsigned cls) {
-  void *block;
-  if (fm_unlikely(tc == &tcache_dead)) {
-    block = fm_init() ? arena_malloc_one(cls) : NULL;
+  void *block = NULL;
+  if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
+    if (fm_init()) block = arena_malloc_one(cls);
   } else {
     tcache_idle_sweep(tc);
-    block = tc->head[cls];   /* a nested call (pthread_setspecific) may have filled it */
-    if (block || tcache_refill(tc, cls)) return tcache_pop(tc, cls, tc->head[cls]);
+    /* A nested call (pthread_setspecific) may have filled the bin. */
+    if (tc->top[cls] != tc->low[cls] || tcache_refill(tc, cls)) return tcache_pop(cls, tc->top[cls]);
   }
   if (!block) errno = ENOMEM;
   return block;
@@ -287,11 +316,8 @@ void *tcache_malloc_miss(size_t size) {
 void *tcache_malloc_class_miss(unsigned cls) { return malloc_slow(tcache_current(), cls); }
 
 static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
-  int32_t count = tc->limit[cls] - tc->room[cls];
-  const void *b = tc->head[cls];
-  for (int32_t i = 0; b && i < count; i++, b = fm_decode(*(const uintptr_t *)b)) {
-    if (b == p) return true;
-  }
+  for (void **b = tc->low[cls]; b < tc->top[cls]; b++)
+    if (*b == p) return true;
   return false;
 }
 
@@ -305,34 +331,27 @@ static void free_slow(void *p, unsigned cls) {
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
   if (((uintptr_t *)p)[1] == fm_mark &&
-      ((tc != &tcache_dead && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
+      ((tc->state != FM_TCACHE_DEAD && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
     os_fatal("free(): double free detected", p);
-  if (fm_unlikely(tc == &tcache_dead)) {
-    *(uintptr_t *)p = fm_encode(NULL);
-    arena_free_chain(p);
+  if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
+    arena_free_blocks(&p, 1);
     return;
   }
   tcache_idle_sweep(tc);
-  if (tc->room[cls] == 0) tcache_overflow(tc, cls);
-  tc->room[cls]--;
-  tcache_link(tc, cls, p, fm_mark);
+  if (tc->top[cls] == tc->high[cls]) tcache_overflow(tc, cls);
+  ((uintptr_t *)p)[1] = fm_mark;
+  *tc->top[cls]++ = p;
 }
 
 void tcache_free_miss(void *p) {
-  unsigned cls = fm_unit_class(p);
-  fm_tcache *tc = fm_tc;
-  /* Undo the fast path's decrement; a sentinel's room is simply 0 again. */
-  if (tc == &tcache_boot || tc == &tcache_dead) tc->room[cls] = 0;
-  else tc->room[cls]++;
   int saved = errno;   /* free never changes errno, whatever its slow path meets */
-  free_slow(p, cls);
+  free_slow(p, fm_unit_class(p));
   errno = saved;
 }
 
 size_t tcache_trim(void) {
   if (!fm_init()) return 0;
-  fm_tcache *tc = fm_tc;
-  if (tc != &tcache_boot && tc != &tcache_dead) tcache_flush_all(tc);
+  if (fm_tc.state == FM_TCACHE_LIVE) tcache_flush_all(&fm_tc);
   size_t released = large_trim();
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
@@ -367,9 +386,8 @@ static void fork_parent(void) {
 static void fork_child(void) {
   if (!fork_locked) return;
   /* The other threads' caches are gone with their threads. */
-  fm_tcache *tc = fm_tc;
-  bool own = tc != &tcache_boot && tc != &tcache_dead;
-  __atomic_store_n(&grown_bytes, own ? tc->limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
+  bool own = fm_tc.state == FM_TCACHE_LIVE;
+  __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
   arena_reset_locks();
   large_reset_locks();
   fm_lock_init(&pool_lock);
