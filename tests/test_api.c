@@ -635,9 +635,57 @@ static void test_malloc_info_family(void **state) {
   assert_true(r == 0 || r == 1);
 }
 
+/* The thread cache's bins grow in turn (each growth moves the bins above it, blocks and
+ * all): every block handed out afterwards is distinct, unshared and keeps its contents. */
+static int compare_addresses(const void *a, const void *b) {
+  uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void test_cache_bins_grow_in_turn(void **state) {
+  enum { ROUNDS = 7, MOST = 8 << (ROUNDS - 1) };
+  size_t sizes[FMT_MAX_CLASSES];
+  unsigned classes = fmt_class_sizes(sizes);
+  void **blocks = calloc((size_t)classes * MOST, sizeof *blocks);
+  assert_non_null(blocks);
+  for (unsigned round = 0, count = 8; round < ROUNDS; round++, count *= 2) {
+    /* Every class in turn: refills grow its bin, then frees fill it and grow it more. */
+    for (unsigned c = 0; c < classes; c++) {
+      void **mine = blocks + (size_t)c * MOST;
+      for (unsigned i = 0; i < count; i++) {
+        mine[i] = malloc(sizes[c]);
+        assert_non_null(mine[i]);
+        fmt_fill(mine[i], sizes[c], (uint64_t)c * MOST + i);
+      }
+      if (round == ROUNDS - 1) continue;   /* the last round keeps everything live */
+      for (unsigned i = 0; i < count; i++) {
+        assert_true(fmt_check(mine[i], sizes[c], (uint64_t)c * MOST + i));
+        free(mine[i]);
+      }
+    }
+  }
+  /* All live at once: no two blocks overlap, and every one still holds its pattern. */
+  size_t live = (size_t)classes * MOST;
+  uintptr_t *sorted = malloc(live * 2 * sizeof *sorted);
+  assert_non_null(sorted);
+  for (unsigned c = 0; c < classes; c++)
+    for (unsigned i = 0; i < MOST; i++) {
+      void *p = blocks[(size_t)c * MOST + i];
+      assert_true(fmt_check(p, sizes[c], (uint64_t)c * MOST + i));
+      sorted[2 * ((size_t)c * MOST + i)] = (uintptr_t)p;
+      sorted[2 * ((size_t)c * MOST + i) + 1] = (uintptr_t)p + sizes[c];
+    }
+  qsort(sorted, live, 2 * sizeof *sorted, compare_addresses);
+  for (size_t k = 1; k < live; k++) assert_true(sorted[2 * k - 1] <= sorted[2 * k]);
+  for (size_t k = 0; k < live; k++) free((void *)sorted[2 * k]);
+  free(sorted);
+  free(blocks);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
+      cmocka_unit_test(test_cache_bins_grow_in_turn),
       cmocka_unit_test(test_exported_names),
       cmocka_unit_test(test_malloc_zero_unique),
       cmocka_unit_test(test_malloc_impossible),
