@@ -170,17 +170,19 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     if (!span && !(span = arena_new_span(arena, cls))) break;
     /* Free blocks in address order, from the lowest bitmap word that has one. */
     uint64_t *bits = span_free_bits(span);
-    char *start = span->start;
-    uint32_t words = (span->capacity + 63) / 64, w = span->scan, taken = 0;
-    for (; w < words && got + taken < want; w++) {
+    uint32_t words = (span->capacity + 63) / 64, w = span->scan;
+    void **next = out + got, **end = out + want;
+    for (; w < words; w++) {
       uint64_t word = bits[w];
-      while (word && got + taken < want) {
-        out[got + taken++] = start + ((size_t)w * 64 + (unsigned)__builtin_ctzll(word)) * size;
+      char *base = span->start + (size_t)w * 64 * size;
+      while (word && next < end) {
+        *next++ = base + (size_t)(unsigned)__builtin_ctzll(word) * size;
         word &= word - 1;
       }
       bits[w] = word;
-      if (word) break;
+      if (next == end) break;
     }
+    uint32_t taken = (uint32_t)(next - (out + got));
     span->scan = w;
     fm_assert(taken > 0);   /* a listed span has a free block */
     got += taken;
@@ -257,16 +259,19 @@ static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *block
   uint32_t magic = span->index_magic, size = span->block_size, capacity = span->capacity;
   uint32_t low_word = span->scan;
   uint64_t *bits = span_free_bits(span);
+  __asm__("" : "+r"(bits));   /* one register, not a chunk base plus an offset */
   if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", blocks[0]);
-  do {
-    char *block = blocks[i];
+  for (char *block = blocks[0];;) {
     uint32_t index = block_index((size_t)(block - start), magic, size, capacity);
     if (fm_unlikely(index == UINT32_MAX)) os_fatal("free(): invalid pointer", block);
-    uint64_t bit = (uint64_t)1 << (index % 64);
-    if (fm_unlikely(bits[index / 64] & bit)) os_fatal("free(): double free detected", block);
-    bits[index / 64] |= bit;
+    uint64_t *word = &bits[index / 64], bit = (uint64_t)1 << (index % 64);
+    if (fm_unlikely(*word & bit)) os_fatal("free(): double free detected", block);
+    *word |= bit;
     if (index / 64 < low_word) low_word = index / 64;
-  } while (++i < n && (size_t)((char *)blocks[i] - start) < span_len);
+    if (++i == n) break;
+    block = blocks[i];
+    if ((size_t)(block - start) >= span_len) break;
+  }
   span->scan = low_word;
   span->used -= (uint32_t)i;
   if (!span->listed) partial_push(arena, span);
