@@ -272,15 +272,20 @@ static void tcache_flush_all(fm_tcache *tc) {
   if (end > tc->slots) arena_free_blocks(tc->slots, (size_t)(end - tc->slots));
 }
 
+/* Purges the pages of the (empty) bins' array from `from` up to where any layout reached. */
+static void slots_purge(fm_tcache *tc, void **from) {
+  uintptr_t page = FM_PAGE_SIZE - 1;
+  char *start = (char *)(((uintptr_t)from + page) & ~page);
+  char *end = (char *)(((uintptr_t)tc->reached + page) & ~page);
+  if (end > start) os_purge(start, (size_t)(end - start));
+}
+
 static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
   tcache_flush_all(tc);
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
   /* The pages that grown bins reached go back: the next thread starts small. */
-  uintptr_t page = FM_PAGE_SIZE - 1;
-  char *keep_end = (char *)(((uintptr_t)(tc->slots + start_slots) + page) & ~page);
-  char *reached_end = (char *)(((uintptr_t)tc->reached + page) & ~page);
-  if (reached_end > keep_end) os_purge(keep_end, (size_t)(reached_end - keep_end));
+  slots_purge(tc, tc->slots + start_slots);
   pool_give(tc->slots);
   *tc = (fm_tcache){.state = FM_TCACHE_DEAD};
 }
@@ -351,8 +356,11 @@ void tcache_free_miss(void *p) {
 
 size_t tcache_trim(void) {
   if (!fm_init()) return 0;
-  if (fm_tc.state == FM_TCACHE_LIVE) tcache_flush_all(&fm_tc);
   size_t released = large_trim();
+  if (fm_tc.state == FM_TCACHE_LIVE) {
+    tcache_flush_all(&fm_tc);
+    slots_purge(&fm_tc, fm_tc.slots);   /* bookkeeping, not counted as released heap */
+  }
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
     fm_lock(&fm_arenas[i].lock, threaded);
