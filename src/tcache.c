@@ -114,6 +114,23 @@ static void pool_give(void **slots) {
   fm_unlock(&pool_lock, threaded);
 }
 
+/* Unmaps the pooled bins' arrays of finished threads (malloc_trim); returns the bytes. */
+static size_t pool_release(void) {
+  bool threaded = fm_threaded();
+  fm_lock(&pool_lock, threaded);
+  void **slots = pool_free;
+  pool_free = NULL;
+  fm_unlock(&pool_lock, threaded);
+  size_t released = 0;
+  while (slots) {
+    void **next = *(void ***)slots;
+    os_unmap(slots, slots_bytes);
+    released += slots_bytes;
+    slots = next;
+  }
+  return released;
+}
+
 static int32_t bin_count(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->top[cls] - tc->low[cls]); }
 static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->high[cls] - tc->low[cls]); }
 
@@ -356,7 +373,7 @@ void tcache_free_miss(void *p) {
 
 size_t tcache_trim(void) {
   if (!fm_init()) return 0;
-  size_t released = large_trim();
+  size_t released = large_trim() + pool_release();
   if (fm_tc.state == FM_TCACHE_LIVE) {
     tcache_flush_all(&fm_tc);
     slots_purge(&fm_tc, fm_tc.slots);   /* bookkeeping, not counted as released heap */
