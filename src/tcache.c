@@ -18,9 +18,12 @@ static bool init_tried;   /* set-up runs once: a failure is final (malloc answer
 static _Atomic int atfork_registered;
 static pthread_key_t thread_key;
 
-/* The bins' arrays of finished threads, linked through their first slot. */
+/* The bins' arrays of finished threads, linked through their first slot: at most
+ * POOL_MAX, so a burst of threads that ends does not keep its arrays' pages for good. */
+enum { POOL_MAX = 256 };
 static fm_lock_t pool_lock = FM_LOCK_INIT;
 static void **pool_free;
+static unsigned pool_count;
 static unsigned next_arena;
 
 /* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
@@ -44,11 +47,13 @@ static void fork_parent(void);
 static void fork_child(void);
 static void tcache_thread_exit(void *arg);
 
-/* The room a bin that must hold `limit` blocks gets: 4 x limit (at most its largest
- * limit), so a bin that keeps growing moves the others a few times only. */
-static int32_t bin_room(unsigned cls, int32_t limit) {
-  return 4 * limit < limit_max[cls] ? 4 * limit : limit_max[cls];
+/* The room a bin that must hold `limit` blocks gets: `times` x limit (at most its largest
+ * limit). A growing bin gets 4 x, so it moves the others a few times only; the start
+ * layout 2 x, so a new thread's bins fit in one page of slots. */
+static int32_t bin_room(unsigned cls, int32_t limit, int32_t times) {
+  return times * limit < limit_max[cls] ? times * limit : limit_max[cls];
 }
+enum { ROOM_START = 2, ROOM_GROWN = 4 };
 
 static void limits_init(void) {
   size_t slots = 0;
@@ -65,7 +70,7 @@ static void limits_init(void) {
     refill_max[cls] = size > 4096 ? 4 : batch < 32 ? 32 : batch;
   }
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
-    start_slots += (size_t)bin_room(cls, limit_start[cls]);
+    start_slots += (size_t)bin_room(cls, limit_start[cls], ROOM_START);
   slots_bytes = (slots * sizeof(void *) + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1);
 }
 
@@ -98,7 +103,10 @@ static bool pool_take(fm_tcache *tc) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
   void **slots = pool_free;
-  if (slots) pool_free = *(void ***)slots;
+  if (slots) {
+    pool_free = *(void ***)slots;
+    pool_count--;
+  }
   tc->arena = &fm_arenas[next_arena++ % fm_arena_count];
   fm_unlock(&pool_lock, threaded);
   if (!slots) slots = os_map(slots_bytes);
@@ -109,9 +117,14 @@ static bool pool_take(fm_tcache *tc) {
 static void pool_give(void **slots) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
-  *(void ***)slots = pool_free;
-  pool_free = slots;
+  bool kept = pool_count < POOL_MAX;
+  if (kept) {
+    *(void ***)slots = pool_free;
+    pool_free = slots;
+    pool_count++;
+  }
   fm_unlock(&pool_lock, threaded);
+  if (!kept) os_unmap(slots, slots_bytes);
 }
 
 /* Unmaps the pooled bins' arrays of finished threads (malloc_trim); returns the bytes. */
@@ -120,6 +133,7 @@ static size_t pool_release(void) {
   fm_lock(&pool_lock, threaded);
   void **slots = pool_free;
   pool_free = NULL;
+  pool_count = 0;
   fm_unlock(&pool_lock, threaded);
   size_t released = 0;
   while (slots) {
@@ -147,7 +161,7 @@ static void tcache_layout_start(fm_tcache *tc) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     tc->low[cls] = tc->top[cls] = at;
     tc->high[cls] = at + limit_start[cls];
-    at += bin_room(cls, limit_start[cls]);
+    at += bin_room(cls, limit_start[cls], ROOM_START);
   }
   tc->layout_end = at;
   if (at > tc->reached) tc->reached = at;
@@ -156,7 +170,7 @@ static void tcache_layout_start(fm_tcache *tc) {
 /* Gives bin cls room for `limit` blocks by moving the bins above it up, with their
  * blocks. */
 static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
-  ptrdiff_t delta = bin_room(cls, limit) - bin_capacity(tc, cls);
+  ptrdiff_t delta = bin_room(cls, limit, ROOM_GROWN) - bin_capacity(tc, cls);
   for (unsigned c = FM_NUM_SPAN_CLASSES; c > cls; c--) {
     int32_t count = bin_count(tc, c);
     void **low = tc->low[c] + delta;
