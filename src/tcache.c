@@ -164,7 +164,6 @@ static void tcache_layout_start(fm_tcache *tc) {
     at += bin_room(cls, limit_start[cls], ROOM_START);
   }
   tc->layout_end = at;
-  if (at > tc->reached) tc->reached = at;
 }
 
 /* Gives bin cls room for `limit` blocks by moving the bins above it up, with their
@@ -180,7 +179,6 @@ static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
     tc->high[c] += delta;
   }
   tc->layout_end += delta;
-  if (tc->layout_end > tc->reached) tc->reached = tc->layout_end;
 }
 
 /* Sets up the calling thread's cache, or marks it dead when that is impossible. */
@@ -303,11 +301,11 @@ static void tcache_flush_all(fm_tcache *tc) {
   if (end > tc->slots) arena_free_blocks(tc->slots, (size_t)(end - tc->slots));
 }
 
-/* Purges the pages of the (empty) bins' array from `from` up to where any layout reached. */
+/* Purges the pages of the (empty) bins' array from `from` up to the layout's end. */
 static void slots_purge(fm_tcache *tc, void **from) {
   uintptr_t page = FM_PAGE_SIZE - 1;
   char *start = (char *)(((uintptr_t)from + page) & ~page);
-  char *end = (char *)(((uintptr_t)tc->reached + page) & ~page);
+  char *end = (char *)(((uintptr_t)tc->layout_end + page) & ~page);
   if (end > start) os_purge(start, (size_t)(end - start));
 }
 
@@ -315,7 +313,7 @@ static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
   tcache_flush_all(tc);
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
-  /* The pages that grown bins reached go back: the next thread starts small. */
+  /* The pages that grown bins took go back: the next thread starts small. */
   slots_purge(tc, tc->slots + start_slots);
   pool_give(tc->slots);
   *tc = (fm_tcache){.state = FM_TCACHE_DEAD};

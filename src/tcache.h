@@ -35,8 +35,8 @@ typedef struct fm_tcache {
   uint8_t state;             /* FM_TCACHE_BOOT, _LIVE or _DEAD */
   fm_arena *arena;
   void **slots;              /* the bins' array: room for every bin at its largest limit */
-  void **layout_end;         /* the end of the last bin's room */
-  void **reached;            /* the furthest layout end so far: no slot touched above it */
+  void **layout_end;         /* the end of the last bin's room; a layout only ever grows,
+                                so no slot above it was touched */
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
 } fm_tcache;
