@@ -175,11 +175,13 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     uint64_t *bits = span_free_bits(span);
     uint32_t words = (span->capacity + 63) / 64, w = span->scan;
     void **next = out + got, **end = out + want;
-    for (; w < words; w++) {
+    /* base: the block of bit 0 of word w, a local as the stores to out[] might alias
+     * span->start; 32-bit offsets within a word, which need no sign extension */
+    char *base = span->start + (size_t)w * 64 * size;
+    for (; w < words; w++, base += 64 * size) {
       uint64_t word = bits[w];
-      char *base = span->start + (size_t)w * 64 * size;
       while (word && next < end) {
-        *next++ = base + (size_t)(unsigned)__builtin_ctzll(word) * size;
+        *next++ = base + (uint32_t)__builtin_ctzll(word) * (uint32_t)size;
         word &= word - 1;
       }
       bits[w] = word;
@@ -254,26 +256,39 @@ static uint32_t span_block_index(const fm_span *span, const void *p) {
   return index;
 }
 
+/* Sets bit `bit` of *word and says whether it was set already: one bts, where C would
+ * build the mask, test and or it (this runs once for every block a cache gives back). */
+static fm_always_inline bool bit_test_and_set(uint64_t *word, uint32_t bit) {
+  uint64_t value = *word;
+  bool was_set;
+  __asm__("btsq %q2, %0" : "+r"(value), "=@ccc"(was_set) : "r"(bit));
+  *word = value;
+  return was_set;
+}
+
 /* Gives back blocks[0 ..] while they lie in span, whose fields stay in registers
- * meanwhile; returns how many it took. */
+ * meanwhile; returns how many it took. A run ends at the first block outside the span's
+ * blocks, so a pointer into the span's unused tail starts the next run and is reported
+ * there, by the check of a run's first block. */
 static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *blocks, size_t n) {
   char *start = span->start;
-  size_t span_len = span_bytes(span), i = 0;
-  uint32_t magic = span->index_magic, size = span->block_size, capacity = span->capacity;
-  uint32_t low_word = span->scan;
+  size_t size = span->block_size, blocks_len = (size_t)span->capacity * size, i = 0;
+  uint32_t magic = span->index_magic, low_word = span->scan;
   uint64_t *bits = span_free_bits(span);
   __asm__("" : "+r"(bits));   /* one register, not a chunk base plus an offset */
-  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", blocks[0]);
-  for (char *block = blocks[0];;) {
-    uint32_t index = block_index((size_t)(block - start), magic, size, capacity);
-    if (fm_unlikely(index == UINT32_MAX)) os_fatal("free(): invalid pointer", block);
-    uint64_t *word = &bits[index / 64], bit = (uint64_t)1 << (index % 64);
-    if (fm_unlikely(*word & bit)) os_fatal("free(): double free detected", block);
-    *word |= bit;
+  size_t offset = (size_t)((char *)blocks[0] - start);
+  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES || offset >= blocks_len))
+    os_fatal("free(): invalid pointer", blocks[0]);
+  for (;;) {
+    uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
+    /* index * size == offset also proves offset is a multiple of 16 */
+    if (fm_unlikely(index * size != offset)) os_fatal("free(): invalid pointer", blocks[i]);
+    if (fm_unlikely(bit_test_and_set(&bits[index / 64], index)))
+      os_fatal("free(): double free detected", blocks[i]);
     if (index / 64 < low_word) low_word = index / 64;
     if (++i == n) break;
-    block = blocks[i];
-    if ((size_t)(block - start) >= span_len) break;
+    offset = (size_t)((char *)blocks[i] - start);
+    if (offset >= blocks_len) break;
   }
   span->scan = low_word;
   span->used -= (uint32_t)i;

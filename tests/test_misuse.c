@@ -1,7 +1,10 @@
-/* Misuse on purpose, each case in a forked child: a double free (small and large blocks)
- * and free() of pointers fastmalloc never handed out must print one line starting
- * "fastmalloc: " on stderr and abort. A control child checks the harness itself. */
+/* Misuse on purpose, each case in a forked child: a double free (small and large blocks),
+ * free() of pointers fastmalloc never handed out, and of pointers into its spans that are
+ * no block, must print one line starting "fastmalloc: " on stderr and abort. A control
+ * child checks the harness itself. */
 #include "fm_test.h"
+
+#include <malloc.h>
 
 #include <sys/mman.h>
 
@@ -38,6 +41,33 @@ static void double_free_not_last(void *arg) {
   free(p);
   free(q);
   free(fmt_launder(p));
+}
+
+/* The checks a thread cache's blocks get when they go back to their span: malloc_trim
+ * gives the caller's cached blocks back at once. */
+static void free_interior(void *arg) {
+  char *p = malloc(64);
+  free(fmt_launder(p + 16));
+  malloc_trim(0);
+}
+
+/* A write after the first free erased the mark that free checks: the span's bitmap still
+ * catches the second free when the blocks go back. */
+static void double_free_after_write(void *arg) {
+  char *p = malloc(64);
+  free(p);
+  memset(fmt_launder(p), 0x5a, 16);
+  free(fmt_launder(p));
+  malloc_trim(0);
+}
+
+/* The unused tail of a span of 48-byte blocks (65536 = 1365 * 48 + 16) is in the span
+ * but is no block. */
+static void free_span_tail(void *arg) {
+  char *p = malloc(48);
+  char *tail = (char *)(((uintptr_t)p & ~(uintptr_t)0xffff) + 1365 * 48);
+  free(fmt_launder(tail));
+  malloc_trim(0);
 }
 
 static void free_stack(void *arg) {
@@ -83,6 +113,12 @@ static void test_double_free(void **state) {
   }
 }
 
+static void test_bad_blocks_given_back(void **state) {
+  expect_abort(free_interior, NULL, "free of a pointer inside a block");
+  expect_abort(double_free_after_write, NULL, "double free after a write");
+  expect_abort(free_span_tail, NULL, "free of a span's unused tail");
+}
+
 static void test_free_foreign(void **state) {
   expect_abort(free_stack, NULL, "free of a stack address");
   expect_abort(free_global, NULL, "free of a global");
@@ -96,6 +132,7 @@ int main(void) {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_control_child_exits_cleanly),
       cmocka_unit_test(test_double_free),
+      cmocka_unit_test(test_bad_blocks_given_back),
       cmocka_unit_test(test_free_foreign),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
