@@ -238,20 +238,24 @@ static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   arena_give_back_span(arena, span, false);
 }
 
-/* Index of the block starting at offset in a span of `capacity` blocks of `size` bytes
- * (magic: the span's index_magic), or UINT32_MAX when no block starts there. */
-static fm_always_inline uint32_t block_index(size_t offset, uint32_t magic, uint32_t size,
-                                             uint32_t capacity) {
-  uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
-  /* index * size == offset also proves offset is a multiple of 16 */
-  return (size_t)index * size == offset && index < capacity ? index : UINT32_MAX;
+/* Whether a block starts at offset in a span of `size`-byte blocks (magic: the span's
+ * index_magic), and its index in *index; the caller checks that offset lies below the
+ * span's last block. */
+static fm_always_inline bool block_at(size_t offset, uint32_t magic, size_t size,
+                                      uint32_t *index) {
+  *index = (uint32_t)(((offset >> 4) * magic) >> 31);
+  return *index * size == offset;   /* which also proves offset a multiple of 16 */
 }
+
+/* The bytes of a span that its blocks take: its unused tail lies beyond. */
+static size_t span_blocks_len(const fm_span *span) { return (size_t)span->capacity * span->block_size; }
 
 /* Index of block p in its small-class span, or a fatal report if p is not a block. */
 static uint32_t span_block_index(const fm_span *span, const void *p) {
-  uint32_t index = block_index((size_t)((const char *)p - span->start), span->index_magic,
-                               span->block_size, span->capacity);
-  if (fm_unlikely(index == UINT32_MAX || span->cls > FM_NUM_SPAN_CLASSES))
+  size_t offset = (size_t)((const char *)p - span->start);
+  uint32_t index;
+  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES || offset >= span_blocks_len(span) ||
+                  !block_at(offset, span->index_magic, span->block_size, &index)))
     os_fatal("free(): invalid pointer", p);
   return index;
 }
@@ -272,7 +276,7 @@ static fm_always_inline bool bit_test_and_set(uint64_t *word, uint32_t bit) {
  * there, by the check of a run's first block. */
 static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *blocks, size_t n) {
   char *start = span->start;
-  size_t size = span->block_size, blocks_len = (size_t)span->capacity * size, i = 0;
+  size_t size = span->block_size, blocks_len = span_blocks_len(span), i = 0;
   uint32_t magic = span->index_magic, low_word = span->scan;
   uint64_t *bits = span_free_bits(span);
   __asm__("" : "+r"(bits));   /* one register, not a chunk base plus an offset */
@@ -280,9 +284,9 @@ static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *block
   if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES || offset >= blocks_len))
     os_fatal("free(): invalid pointer", blocks[0]);
   for (;;) {
-    uint32_t index = (uint32_t)(((offset >> 4) * magic) >> 31);
-    /* index * size == offset also proves offset is a multiple of 16 */
-    if (fm_unlikely(index * size != offset)) os_fatal("free(): invalid pointer", blocks[i]);
+    uint32_t index;
+    if (fm_unlikely(!block_at(offset, magic, size, &index)))
+      os_fatal("free(): invalid pointer", blocks[i]);
     if (fm_unlikely(bit_test_and_set(&bits[index / 64], index)))
       os_fatal("free(): double free detected", blocks[i]);
     if (index / 64 < low_word) low_word = index / 64;
@@ -370,7 +374,7 @@ static size_t span_purge_free_pages(fm_span *span) {
   size_t size = span->block_size, released = 0;
   char *start = span->start;
   const uint64_t *bits = span_free_bits(span);
-  size_t pages = (span->capacity * size) / FM_PAGE_SIZE, run = 0;
+  size_t pages = span_blocks_len(span) / FM_PAGE_SIZE, run = 0;
   for (size_t page = 0; page <= pages; page++) {
     bool purgeable = false;
     if (page < pages) {

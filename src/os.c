@@ -19,8 +19,6 @@ extern char **environ;
 
 static size_t os_mapped;   /* bytes mapped read-write, through fm_count_add */
 
-static void mapped_add(size_t delta) { fm_count_add(&os_mapped, delta); }
-
 static void *os_mmap(void *hint, size_t size, int prot, int flags) {
   void *p = mmap(hint, size, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? NULL : p;
@@ -28,7 +26,7 @@ static void *os_mmap(void *hint, size_t size, int prot, int flags) {
 
 void *os_map(size_t size) {
   void *p = os_mmap(NULL, size, PROT_READ | PROT_WRITE, 0);
-  if (p) mapped_add(size);
+  if (p) fm_count_add(&os_mapped, size);
   return p;
 }
 
@@ -46,7 +44,7 @@ static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
 
 void *os_map_aligned(size_t size, size_t align) {
   void *p = os_mmap_aligned(size, align, PROT_READ | PROT_WRITE, 0);
-  if (p) mapped_add(size);
+  if (p) fm_count_add(&os_mapped, size);
   return p;
 }
 
@@ -66,7 +64,7 @@ bool os_make_writable(void *addr, size_t size) {
 void os_unmap(void *addr, size_t size) {
   int saved = errno;
   munmap(addr, size);
-  mapped_add(-size);
+  fm_count_add(&os_mapped, -size);
   errno = saved;
 }
 
@@ -79,7 +77,7 @@ void os_purge(void *addr, size_t size) {
 void *os_remap(void *addr, size_t old_size, size_t new_size) {
   void *p = mremap(addr, old_size, new_size, 0);
   if (p == MAP_FAILED) return NULL;
-  mapped_add(new_size - old_size);   /* modular arithmetic: shrinking works too */
+  fm_count_add(&os_mapped, new_size - old_size);   /* modular arithmetic: shrinking works too */
   return p;
 }
 
@@ -90,7 +88,7 @@ bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
   if (mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED &&
       mremap(addr, old_size, old_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED)
     return false;
-  mapped_add(-old_size);   /* dest's range was counted when it was mapped */
+  fm_count_add(&os_mapped, -old_size);   /* dest's range was counted when it was mapped */
   return true;
 }
 

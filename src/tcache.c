@@ -68,9 +68,8 @@ static void limits_init(void) {
     slots += (size_t)limit_max[cls];
     unsigned batch = (16u << 10) / (unsigned)size;
     refill_max[cls] = size > 4096 ? 4 : batch < 32 ? 32 : batch;
-  }
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
     start_slots += (size_t)bin_room(cls, limit_start[cls], ROOM_START);
+  }
   slots_bytes = (slots * sizeof(void *) + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1);
 }
 
@@ -245,10 +244,12 @@ static void tcache_idle_sweep(fm_tcache *tc) {
   tc->misses = 0;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t limit = bin_limit(tc, cls);
-    if (!tc->activity[cls] && limit > limit_start[cls])
-      tcache_set_limit(tc, cls, limit / 2 < limit_start[cls] ? limit_start[cls] : limit / 2);
-    else if (!tc->activity[cls])
-      tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
+    if (!tc->activity[cls]) {
+      if (limit > limit_start[cls])
+        tcache_set_limit(tc, cls, limit / 2 < limit_start[cls] ? limit_start[cls] : limit / 2);
+      else
+        tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
+    }
     tc->activity[cls] = 0;
   }
 }
@@ -373,8 +374,7 @@ static void free_slow(void *p, unsigned cls) {
   }
   tcache_idle_sweep(tc);
   if (tc->top[cls] == tc->high[cls]) tcache_overflow(tc, cls);
-  ((uintptr_t *)p)[1] = fm_mark;
-  *tc->top[cls]++ = p;
+  tcache_push(cls, tc->top[cls], p, fm_mark);
 }
 
 void tcache_free_miss(void *p) {

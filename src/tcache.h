@@ -62,6 +62,15 @@ static fm_always_inline void *tcache_pop(size_t cls, void **top) {
   return block;
 }
 
+/* Pushes freed block p, marked, onto bin cls, whose top (already loaded) is below its
+ * high end. */
+static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintptr_t mark) {
+  ((uintptr_t *)p)[1] = mark;
+  *top = p;
+  FM_SPLIT_ADDRESS(cls);
+  fm_tc.top[cls]++;
+}
+
 static fm_always_inline void *tcache_malloc(size_t size) {
   if (fm_unlikely(size > FM_SMALL_MAX)) return fm_malloc_large(size);
   size_t cls = fm_tc.class_of_granule[(size + 15) >> 4];
@@ -83,10 +92,7 @@ static fm_always_inline void tcache_free(void *p) {
   if (fm_unlikely(top == fm_tc.high[cls])) return tcache_free_miss(p);
   uintptr_t mark = fm_mark;   /* a random key: user data matches it by chance only */
   if (fm_unlikely(((uintptr_t *)p)[1] == mark)) return tcache_free_miss(p);  /* double free? */
-  ((uintptr_t *)p)[1] = mark;
-  *top = p;
-  FM_SPLIT_ADDRESS(cls);
-  fm_tc.top[cls]++;
+  tcache_push(cls, top, p, mark);
 }
 
 /* Global set-up on the first call (before or without constructors); true when ready. */
