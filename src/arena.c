@@ -13,8 +13,8 @@ static uint8_t span_units[FM_NUM_SPAN_CLASSES + 1];  /* span length per class */
 #define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
 
 void arena_init_all(void) {
-  unsigned cpus = os_cpu_count();
-  fm_arena_count = cpus < FM_MAX_ARENAS ? cpus : FM_MAX_ARENAS;
+  unsigned wanted = fm_options.arenas ? fm_options.arenas : os_cpu_count();
+  fm_arena_count = wanted < FM_MAX_ARENAS ? wanted : FM_MAX_ARENAS;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     size_t size = fm_class_stride[cls];
     unsigned units = 1;

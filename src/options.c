@@ -34,4 +34,6 @@ void fm_options_init(void) {
   if (parse_size(os_getenv("FASTMALLOC_PURGE_DELAY_MS"), &value) && value < UINT64_MAX / 1000000)
     fm_options.purge_delay_ns = value * 1000000;
   if (parse_size(os_getenv("FASTMALLOC_TCACHE_MAX"), &value)) fm_options.tcache_max_bytes = value;
+  if (parse_size(os_getenv("FASTMALLOC_ARENAS"), &value) && value >= 1)
+    fm_options.arenas = value < UINT32_MAX ? (unsigned)value : UINT32_MAX;   /* arenas cap it */
 }

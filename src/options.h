@@ -3,7 +3,9 @@
  *                              to the OS (default 100; 0 purges at the next slow path)
  *   FASTMALLOC_TCACHE_MAX      byte budget of one thread's cache (default 4M; K/M suffix);
  *                              all threads' caches together grow past their small start
- *                              by at most 8 times this */
+ *                              by at most 8 times this
+ *   FASTMALLOC_ARENAS          number of arenas (default: the CPUs the process may run on;
+ *                              at most 64): fewer to cap the footprint of many threads */
 #ifndef FM_OPTIONS_H
 #define FM_OPTIONS_H
 
@@ -12,6 +14,7 @@
 typedef struct fm_options {
   uint64_t purge_delay_ns;
   size_t tcache_max_bytes;
+  unsigned arenas;   /* 0: one per CPU */
 } fm_options_t;
 
 extern fm_hidden fm_options_t fm_options;

@@ -24,7 +24,10 @@ enum { POOL_MAX = 256 };
 static fm_lock_t pool_lock = FM_LOCK_INIT;
 static void **pool_free;
 static unsigned pool_count;
-static unsigned next_arena;
+/* Live threads dealt each arena (under pool_lock): a new thread takes the lowest arena
+ * with the fewest, so threads created one after another reuse one arena's memory rather
+ * than spreading the heap over every arena in turn. */
+static unsigned arena_threads[FM_MAX_ARENAS];
 
 /* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
  * thread that allocates little holds little, and a bin doubles on each miss, up to about
@@ -106,16 +109,27 @@ static bool pool_take(fm_tcache *tc) {
     pool_free = *(void ***)slots;
     pool_count--;
   }
-  tc->arena = &fm_arenas[next_arena++ % fm_arena_count];
+  unsigned least = 0;
+  for (unsigned i = 1; i < fm_arena_count; i++)
+    if (arena_threads[i] < arena_threads[least]) least = i;
+  arena_threads[least]++;
+  tc->arena = &fm_arenas[least];
   fm_unlock(&pool_lock, threaded);
-  if (!slots) slots = os_map(slots_bytes);
+  if (!slots && !(slots = os_map(slots_bytes))) {
+    fm_lock(&pool_lock, threaded);
+    arena_threads[least]--;   /* the thread gets no cache */
+    fm_unlock(&pool_lock, threaded);
+    return false;
+  }
   tc->slots = slots;
-  return slots != NULL;
+  return true;
 }
 
-static void pool_give(void **slots) {
+/* Takes back an exiting thread's bins' array and its place in its arena. */
+static void pool_give(void **slots, const fm_arena *arena) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
+  arena_threads[arena - fm_arenas]--;
   bool kept = pool_count < POOL_MAX;
   if (kept) {
     *(void ***)slots = pool_free;
@@ -316,7 +330,7 @@ static void tcache_thread_exit(void *arg) {
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
   /* The pages that grown bins took go back: the next thread starts small. */
   slots_purge(tc, tc->slots + start_slots);
-  pool_give(tc->slots);
+  pool_give(tc->slots, tc->arena);
   *tc = (fm_tcache){.state = FM_TCACHE_DEAD};
 }
 
@@ -425,6 +439,8 @@ static void fork_child(void) {
   /* The other threads' caches are gone with their threads. */
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
+  memset(arena_threads, 0, sizeof arena_threads);
+  if (own) arena_threads[fm_tc.arena - fm_arenas] = 1;
   arena_reset_locks();
   large_reset_locks();
   fm_lock_init(&pool_lock);

@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -36,6 +37,13 @@
 static inline void *fmt_launder(void *p) {
   __asm__ volatile("" : "+r"(p));
   return p;
+}
+
+/* Writes byte over block p from offset `from` to its usable size. Through fmt_launder:
+ * with _FORTIFY_SOURCE=3 (Ubuntu's default) the compiler bounds p by the size asked for,
+ * and would stop a write into the slack that malloc_usable_size grants. */
+static inline void fmt_fill_usable(void *p, size_t from, int byte) {
+  memset((char *)fmt_launder(p) + from, byte, malloc_usable_size(p) - from);
 }
 
 /* The class sizes DESIGN §2 defines, in increasing order: 16-byte steps to 128, then

@@ -49,7 +49,7 @@ static void check_block(void *p, size_t n, size_t align, uint64_t seed) {
   if (!fmt_aligned(p, align)) fail_msg("%p for %zu bytes not aligned to %zu", p, n, align);
   size_t usable = malloc_usable_size(p);
   if (usable < n) fail_msg("usable %zu < requested %zu", usable, n);
-  fmt_fill(p, usable, seed);
+  fmt_fill(fmt_launder(p), usable, seed);   /* the slack too: see fmt_fill_usable */
 }
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
@@ -187,7 +187,7 @@ static void test_calloc_dirty_reuse(void **state) {
     unsigned count = n > 64 * FMT_KIB ? 4 : N;
     for (unsigned j = 0; j < count; j++) {
       assert_non_null(p[j] = malloc(n));
-      memset(p[j], 0xA5, malloc_usable_size(p[j]));
+      fmt_fill_usable(p[j], 0, 0xA5);
     }
     for (unsigned j = 0; j < count; j++) free(p[j]);
     for (unsigned j = 0; j < count; j++) {
@@ -202,7 +202,7 @@ static void test_calloc_dirty_reuse(void **state) {
   for (unsigned i = 0; i < 4; i++) {
     void *d = malloc(4 * FMT_MIB);
     assert_non_null(d);
-    memset(d, 0xC3, malloc_usable_size(d));
+    fmt_fill_usable(d, 0, 0xC3);
     free(d);
     unsigned char *z = calloc(big[i], 1);
     assert_non_null(z);
@@ -294,7 +294,7 @@ static void test_realloc_in_place(void **state) {
     void *p = malloc(large[i]);
     assert_non_null(p);
     size_t u = malloc_usable_size(p);
-    fmt_fill(p, u, i);
+    fmt_fill(fmt_launder(p), u, i);   /* the slack too: see fmt_fill_usable */
     const size_t keep[] = {u, u - 1, large[i], u / 2 + 4096};
     for (unsigned k = 0; k < 4; k++)
       if (realloc(p, keep[k]) != p) fail_msg("realloc(malloc(%zu), %zu) moved", large[i], keep[k]);

@@ -117,7 +117,7 @@ static void *random_worker(void *arg) {
       if (slot[s]) block_verify(slot[s], SIZE_MAX);
     } else {
       /* Scribble over the slack past the request: it must belong to this block alone. */
-      memset((char *)slot[s] + n, 0xCD, malloc_usable_size(slot[s]) - n);
+      fmt_fill_usable(slot[s], n, 0xCD);
     }
   }
   for (int s = 0; s < RT_SLOTS; s++)
@@ -471,7 +471,7 @@ static void *dirty_allocator(void *arg) {
       record_failure("malloc failed", 16 + (i * 16) % 2048);
       continue;
     }
-    memset(dirty[i], 0xEE, malloc_usable_size(dirty[i]));
+    fmt_fill_usable(dirty[i], 0, 0xEE);
   }
   return NULL;
 }
