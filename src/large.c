@@ -17,16 +17,40 @@ typedef struct large_hdr {
 } large_hdr;
 
 #define LARGE_OFFSET 64   /* block start from the mapping start, default alignment */
-#define LARGE_CACHE_SLOTS 8
-#define LARGE_CACHE_MAX_BYTES ((size_t)64 << 20)
+/* The cache of freed mappings: 8 slots and 64 MiB for up to two arenas, 4 slots and
+ * 32 MiB more per arena beyond (most threads at once that each free and take a mapping),
+ * so 16 threads churning big buffers reuse their pages instead of faulting in new ones. */
+#define LARGE_CACHE_SLOTS_MAX 64
+#define LARGE_CACHE_UNIT_BYTES ((size_t)32 << 20)
+#define LARGE_TAKE_SLACK ((size_t)8 << 20)   /* a cached mapping this much too big is cut */
 
-static struct {
+typedef struct mapping {
   char *base;
   size_t map_size;
+} mapping;
+
+static struct {
+  mapping m;
   uint64_t freed_ns;
-} cache[LARGE_CACHE_SLOTS];
+} cache[LARGE_CACHE_SLOTS_MAX];
+static unsigned cache_slots = 8;
+static size_t cache_max_bytes = 2 * LARGE_CACHE_UNIT_BYTES;
 static size_t cache_bytes;
 static fm_lock_t cache_lock = FM_LOCK_INIT;
+
+void large_init(unsigned arenas) {
+  unsigned share = arenas < 2 ? 2 : arenas;
+  cache_slots = 4 * share < LARGE_CACHE_SLOTS_MAX ? 4 * share : LARGE_CACHE_SLOTS_MAX;
+  cache_max_bytes = share * LARGE_CACHE_UNIT_BYTES;
+}
+
+/* Mappings taken out of the cache under its lock and unmapped once it is released:
+ * munmap waits for the kernel's mapping lock and shoots down TLBs, too long to hold
+ * a lock every thread's large malloc and free takes. */
+typedef struct evicted {
+  mapping m[LARGE_CACHE_SLOTS_MAX];
+  unsigned n;
+} evicted;
 
 static size_t round_unit(size_t n) { return (n + FM_UNIT_SIZE - 1) & ~(FM_UNIT_SIZE - 1); }
 
@@ -49,19 +73,29 @@ static void unmap_block(char *base, size_t map_size) {
   os_unmap(base, map_size);
 }
 
-/* Unmaps cached mappings freed longer ago than the purge delay (all when force). */
-static size_t cache_expire(bool force) {
+static size_t unmap_evicted(const evicted *out) {
   size_t released = 0;
-  uint64_t now = os_now_ns();
-  for (unsigned i = 0; i < LARGE_CACHE_SLOTS; i++) {
-    if (cache[i].base && (force || now - cache[i].freed_ns >= fm_options.purge_delay_ns)) {
-      unmap_block(cache[i].base, cache[i].map_size);
-      released += cache[i].map_size;
-      cache_bytes -= cache[i].map_size;
-      cache[i].base = NULL;
-    }
+  for (unsigned i = 0; i < out->n; i++) {
+    unmap_block(out->m[i].base, out->m[i].map_size);
+    released += out->m[i].map_size;
   }
   return released;
+}
+
+/* Under the lock: moves cache slot i to *out. */
+static void cache_evict(unsigned i, evicted *out) {
+  out->m[out->n++] = cache[i].m;
+  cache_bytes -= cache[i].m.map_size;
+  cache[i].m.base = NULL;
+}
+
+/* Under the lock: evicts the mappings freed longer ago than the purge delay (all when
+ * force). */
+static void cache_expire(bool force, evicted *out) {
+  uint64_t now = os_now_ns();
+  for (unsigned i = 0; i < cache_slots; i++)
+    if (cache[i].m.base && (force || now - cache[i].freed_ns >= fm_options.purge_delay_ns))
+      cache_evict(i, out);
 }
 
 /* Resizes mapping base (unit-map entries included) in place or by moving it to an
@@ -101,15 +135,16 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
  * that is big enough (trimmed only if over 4x and 8 MiB too big), else the biggest one
  * grown. Its pages are mostly resident already, so the caller faults in few. */
 static char *cache_take(size_t need, size_t *map_size) {
+  evicted old = {.n = 0};
   bool threaded = fm_threaded();
   fm_lock(&cache_lock, threaded);
-  cache_expire(false);
+  cache_expire(false, &old);
   int best = -1;
-  for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
-    if (!cache[i].base) continue;
-    size_t size = cache[i].map_size;
+  for (int i = 0; i < (int)cache_slots; i++) {
+    if (!cache[i].m.base) continue;
+    size_t size = cache[i].m.map_size;
     if (best < 0) best = i;
-    size_t best_size = cache[best].map_size;
+    size_t best_size = cache[best].m.map_size;
     bool fits = size >= need, best_fits = best_size >= need;
     if ((fits && (!best_fits || size < best_size)) || (!fits && !best_fits && size > best_size))
       best = i;
@@ -117,13 +152,14 @@ static char *cache_take(size_t need, size_t *map_size) {
   char *base = NULL;
   size_t size = 0;
   if (best >= 0) {
-    base = cache[best].base;
-    size = cache[best].map_size;
+    base = cache[best].m.base;
+    size = cache[best].m.map_size;
     cache_bytes -= size;
-    cache[best].base = NULL;
+    cache[best].m.base = NULL;
   }
   fm_unlock(&cache_lock, threaded);
-  if (base && (size < need || (size / 4 > need && size - need > LARGE_CACHE_MAX_BYTES / 8))) {
+  unmap_evicted(&old);
+  if (base && (size < need || (size / 4 > need && size - need > LARGE_TAKE_SLACK))) {
     char *resized = mapping_resize(base, size, need);
     if (!resized) unmap_block(base, size);
     base = resized;
@@ -133,30 +169,29 @@ static char *cache_take(size_t need, size_t *map_size) {
   return base;
 }
 
-/* Keeps a freed mapping for reuse, first unmapping the oldest ones if the cache is full. */
+/* Keeps a freed mapping for reuse, first evicting the oldest ones if the cache is full. */
 static bool cache_put(char *base, size_t map_size) {
-  if (map_size > LARGE_CACHE_MAX_BYTES / 2) return false;
+  if (map_size > cache_max_bytes / 2) return false;
+  evicted old = {.n = 0};
   bool threaded = fm_threaded();
   fm_lock(&cache_lock, threaded);
-  cache_expire(false);
+  cache_expire(false, &old);
   for (;;) {
     int slot = -1, oldest = -1;
-    for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
-      if (!cache[i].base) slot = slot < 0 ? i : slot;
+    for (int i = 0; i < (int)cache_slots; i++) {
+      if (!cache[i].m.base) slot = slot < 0 ? i : slot;
       else if (oldest < 0 || cache[i].freed_ns < cache[oldest].freed_ns) oldest = i;
     }
-    if (slot >= 0 && cache_bytes + map_size <= LARGE_CACHE_MAX_BYTES) {
-      cache[slot].base = base;
-      cache[slot].map_size = map_size;
+    if (slot >= 0 && cache_bytes + map_size <= cache_max_bytes) {
+      cache[slot].m = (mapping){base, map_size};
       cache[slot].freed_ns = os_now_ns();
       cache_bytes += map_size;
       break;
     }
-    unmap_block(cache[oldest].base, cache[oldest].map_size);
-    cache_bytes -= cache[oldest].map_size;
-    cache[oldest].base = NULL;
+    cache_evict((unsigned)oldest, &old);
   }
   fm_unlock(&cache_lock, threaded);
+  unmap_evicted(&old);
   return true;
 }
 
@@ -222,11 +257,12 @@ void *large_realloc(void *p, size_t size) {
 }
 
 size_t large_trim(void) {
+  evicted old = {.n = 0};
   bool threaded = fm_threaded();
   fm_lock(&cache_lock, threaded);
-  size_t released = cache_expire(true);
+  cache_expire(true, &old);
   fm_unlock(&cache_lock, threaded);
-  return released;
+  return unmap_evicted(&old);
 }
 
 void large_lock_all(void) { fm_lock(&cache_lock, true); }

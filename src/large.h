@@ -6,6 +6,8 @@
 
 #include "config.h"
 
+/* Sizes the cache of freed mappings for this many arenas (fm_init). */
+void large_init(unsigned arenas);
 /* A block of size bytes aligned to align (0: 64); *fresh says it is zero-filled. */
 void *large_alloc(size_t size, size_t align, bool *fresh);
 void large_free(void *p);

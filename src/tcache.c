@@ -86,6 +86,7 @@ bool fm_init(void) {
     limits_init();
     fm_mark = (uintptr_t)os_random64();
     arena_init_all();
+    large_init(fm_arena_count);
     if (fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0)
       atomic_store_explicit(&init_done, 1, memory_order_release);
   }
