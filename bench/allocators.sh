@@ -10,7 +10,8 @@ peer_package() {
   esac
 }
 
-# Prints the path of the peer's shared object, or nothing when it is not installed.
+# Prints the path of the peer's shared object, or nothing when it is not installed;
+# $FASTMALLOC_PEERS_DIR, when set, is searched first.
 find_peer() {
   local so dir
   case $1 in
@@ -18,7 +19,8 @@ find_peer() {
     tcmalloc) so=libtcmalloc_minimal.so.4 ;;
     mimalloc) so=libmimalloc.so.2 ;;
   esac
-  for dir in /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib /usr/lib; do
+  for dir in ${FASTMALLOC_PEERS_DIR:+"$FASTMALLOC_PEERS_DIR"} /usr/lib/x86_64-linux-gnu \
+             /lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib /usr/lib; do
     if [ -e "$dir/$so" ]; then
       echo "$dir/$so"
       return

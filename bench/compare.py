@@ -24,11 +24,24 @@ NO_ST_FLAG = "fastmalloc-no-st-flag"  # variant built with -DFM_SINGLE_THREAD_FL
 SCENARIOS = (("st", "main_arena_st"), ("thr", "thread_arena_"), ("mt", "main_arena_mt"))
 COUNTS = (25, 100, 400, 1600)
 MODES = {
-    # simple sizes, thread counts, thread duration (s), workload scale, parallel too, rounds, timeout (s)
-    "quick": dict(sizes=[16], threads=[1, 2], duration=0.5, scale=1, parallel=False, rounds=3, timeout=120),
+    # simple sizes, thread counts (None: 1, 2, 4 ... up to every CPU), thread duration (s),
+    # workload scale, workloads one copy / one copy per CPU (--parallel), rounds, timeout (s)
+    "quick": dict(sizes=[16], threads=[1, 2], duration=0.5, scale=1, single=True, parallel=False,
+                  rounds=3, timeout=120),
     "full": dict(sizes=[16, 64, 256, 1024, 4096], threads=[1, 2, 4], duration=3.0, scale=4,
-                 parallel=True, rounds=5, timeout=600),
+                 single=True, parallel=True, rounds=5, timeout=600),
+    "scaling": dict(sizes=[], threads=None, duration=1.0, scale=1, single=False, parallel=True,
+                    rounds=3, timeout=300),
 }
+
+
+def thread_counts():
+    """1, 2, 4 ... and the number of CPUs, for the scaling mode."""
+    cpus = len(os.sched_getaffinity(0))
+    counts = [1]
+    while counts[-1] * 2 < cpus:
+        counts.append(counts[-1] * 2)
+    return counts + [cpus] if cpus > 1 else counts
 
 
 @dataclass
@@ -110,15 +123,16 @@ def make_jobs(bindir, mode, allocs):
     for size in m["sizes"]:
         jobs.append(Job(f"simple-{size}", "simple",
                         [os.path.join(bindir, "bench-malloc-simple"), str(size)], list(allocs)))
-    for t in m["threads"]:
+    for t in m["threads"] or thread_counts():
         jobs.append(Job(f"thread-{t}", "thread",
                         [os.path.join(bindir, "bench-malloc-thread"), str(t), "--duration", str(m["duration"])],
                         main_allocs))
     workload = os.path.join(bindir, "bench-workload")
     names = [line.split()[0] for line in
              subprocess.run([workload, "--list"], capture_output=True, text=True, check=True).stdout.splitlines()]
-    for name in names:
-        jobs.append(Job(name, "workload", [workload, name, "--scale", str(m["scale"])], main_allocs))
+    if m["single"]:
+        for name in names:
+            jobs.append(Job(name, "workload", [workload, name, "--scale", str(m["scale"])], main_allocs))
     if m["parallel"]:
         for name in names:
             jobs.append(Job(f"{name}-par", "workload-par",
@@ -437,7 +451,7 @@ def main():
     ap.add_argument("--bindir", required=True, help="folder with the benchmark programs")
     ap.add_argument("--rundir", required=True, help="folder for this run's results")
     ap.add_argument("--mode", choices=MODES, default="quick")
-    ap.add_argument("--rounds", type=int, help="rounds (default: 3 quick, 5 full)")
+    ap.add_argument("--rounds", type=int, help="rounds (default: 5 full, else 3)")
     ap.add_argument("--alloc", action="append", default=[], metavar="NAME=LIB",
                     help="a candidate; LIB empty for the system allocator (repeat, in run order)")
     ap.add_argument("--instructions", help="Markdown file from bench/instr-count to include")
@@ -480,12 +494,13 @@ def main():
                "peak: the process's peak RSS (VmHWM; getrusage's ru_maxrss would include the RSS of the "
                "driver that forked it); end: /proc/self/statm right after the workload freed everything; "
                "trim: after malloc_trim(0) (glibc's own when the preloaded allocator has none).", ""]
-    if NO_ST_FLAG in allocs:
+    if NO_ST_FLAG in allocs and any(j.kind == "simple" for j in jobs):
         report += ["## The single-threaded flag (bench-malloc-simple, ns per pair)", "",
                    st_flag_table(res, jobs), "",
                    "fm: normal build; flag-off: built with -DFM_SINGLE_THREAD_FLAG=OFF. gain above 1: the flag "
                    "makes the single-threaded case faster.", ""]
-    report += ["## Threads: RSS, MiB", "", threads_table(res, names), ""]
+    if any(j.key == "thread-churn" for j in jobs):
+        report += ["## Threads: RSS, MiB", "", threads_table(res, names), ""]
     if a.instructions and os.path.exists(a.instructions):
         with open(a.instructions) as f:
             report += ["## Fast path", "", f.read().strip(), ""]
