@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "chunk.h"
+#include "arena.h"
 #include "options.h"
 #include "sync.h"
 
@@ -17,11 +17,14 @@ typedef struct large_hdr {
 } large_hdr;
 
 #define LARGE_OFFSET 64   /* block start from the mapping start, default alignment */
-/* The cache of freed mappings: 8 slots and 64 MiB for up to two arenas, 4 slots and
- * 32 MiB more per arena beyond (most threads at once that each free and take a mapping),
- * so 16 threads churning big buffers reuse their pages instead of faulting in new ones. */
-#define LARGE_CACHE_SLOTS_MAX 64
-#define LARGE_CACHE_UNIT_BYTES ((size_t)32 << 20)
+
+/* Freed mappings wait in a cache per arena: a thread frees into its arena's and takes from
+ * it first, so it reuses its own pages, still in its CPU's caches, and threads do not
+ * share one lock. Each holds 8 mappings and 64 MiB; all together at most 64 MiB, or 32 MiB
+ * per arena beyond two. */
+#define LARGE_CACHE_SLOTS 8
+#define LARGE_CACHE_BYTES ((size_t)64 << 20)
+#define LARGE_CACHE_ARENA_SHARE ((size_t)32 << 20)
 #define LARGE_TAKE_SLACK ((size_t)8 << 20)   /* a cached mapping this much too big is cut */
 
 typedef struct mapping {
@@ -29,26 +32,30 @@ typedef struct mapping {
   size_t map_size;
 } mapping;
 
-static struct {
-  mapping m;
-  uint64_t freed_ns;
-} cache[LARGE_CACHE_SLOTS_MAX];
-static unsigned cache_slots = 8;
-static size_t cache_max_bytes = 2 * LARGE_CACHE_UNIT_BYTES;
-static size_t cache_bytes;
-static fm_lock_t cache_lock = FM_LOCK_INIT;
+typedef struct large_cache {
+  fm_lock_t lock;
+  size_t bytes;   /* written under the lock, read without it as a hint */
+  struct {
+    mapping m;
+    uint64_t freed_ns;
+  } slot[LARGE_CACHE_SLOTS];
+} __attribute__((aligned(64))) large_cache;
+
+static large_cache caches[FM_MAX_ARENAS];
+static size_t all_bytes;                        /* through fm_count_add */
+static size_t all_max_bytes = LARGE_CACHE_BYTES;
+static unsigned visit_next;                     /* the cache whose expiry a call also runs */
 
 void large_init(unsigned arenas) {
-  unsigned share = arenas < 2 ? 2 : arenas;
-  cache_slots = 4 * share < LARGE_CACHE_SLOTS_MAX ? 4 * share : LARGE_CACHE_SLOTS_MAX;
-  cache_max_bytes = share * LARGE_CACHE_UNIT_BYTES;
+  all_max_bytes = arenas <= 2 ? LARGE_CACHE_BYTES : arenas * LARGE_CACHE_ARENA_SHARE;
 }
 
-/* Mappings taken out of the cache under its lock and unmapped once it is released:
- * munmap waits for the kernel's mapping lock and shoots down TLBs, too long to hold
- * a lock every thread's large malloc and free takes. */
+/* Mappings taken out of caches under their locks and unmapped once those are released
+ * (a call expires its own cache and one other, at most 2 x 8):
+ * munmap waits for the kernel's mapping lock and shoots down TLBs, too long to hold a
+ * lock other threads' large mallocs and frees take. */
 typedef struct evicted {
-  mapping m[LARGE_CACHE_SLOTS_MAX];
+  mapping m[2 * LARGE_CACHE_SLOTS];
   unsigned n;
 } evicted;
 
@@ -82,20 +89,50 @@ static size_t unmap_evicted(const evicted *out) {
   return released;
 }
 
-/* Under the lock: moves cache slot i to *out. */
-static void cache_evict(unsigned i, evicted *out) {
-  out->m[out->n++] = cache[i].m;
-  cache_bytes -= cache[i].m.map_size;
-  cache[i].m.base = NULL;
+/* Under c's lock: removes slot i from c. */
+static mapping cache_remove(large_cache *c, unsigned i) {
+  mapping m = c->slot[i].m;
+  __atomic_store_n(&c->bytes, c->bytes - m.map_size, __ATOMIC_RELAXED);
+  fm_count_add(&all_bytes, -m.map_size);
+  c->slot[i].m.base = NULL;
+  return m;
 }
 
-/* Under the lock: evicts the mappings freed longer ago than the purge delay (all when
+/* Under c's lock: evicts the mappings freed longer ago than the purge delay (all when
  * force). */
-static void cache_expire(bool force, evicted *out) {
+static void cache_expire(large_cache *c, bool force, evicted *out) {
+  if (!c->bytes) return;
   uint64_t now = os_now_ns();
-  for (unsigned i = 0; i < cache_slots; i++)
-    if (cache[i].m.base && (force || now - cache[i].freed_ns >= fm_options.purge_delay_ns))
-      cache_evict(i, out);
+  for (unsigned i = 0; i < LARGE_CACHE_SLOTS; i++)
+    if (c->slot[i].m.base && (force || now - c->slot[i].freed_ns >= fm_options.purge_delay_ns))
+      out->m[out->n++] = cache_remove(c, i);
+}
+
+/* Expires one other cache in turn, unless its lock is busy: caches of arenas nobody uses
+ * any more still give their mappings back. */
+static void cache_visit_other(evicted *out, bool threaded) {
+  large_cache *c = &caches[__atomic_fetch_add(&visit_next, 1, __ATOMIC_RELAXED) % fm_arena_count];
+  if (!__atomic_load_n(&c->bytes, __ATOMIC_RELAXED) || !fm_trylock(&c->lock, threaded)) return;
+  cache_expire(c, false, out);
+  fm_unlock(&c->lock, threaded);
+}
+
+/* Under c's lock: its smallest mapping of at least `need` bytes, or -1. */
+static int cache_best_fit(const large_cache *c, size_t need) {
+  int best = -1;
+  for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
+    size_t size = c->slot[i].m.map_size;
+    if (c->slot[i].m.base && size >= need && (best < 0 || size < c->slot[best].m.map_size)) best = i;
+  }
+  return best;
+}
+
+/* Under c's lock: its biggest mapping, or -1. */
+static int cache_biggest(const large_cache *c) {
+  int best = -1;
+  for (int i = 0; i < LARGE_CACHE_SLOTS; i++)
+    if (c->slot[i].m.base && (best < 0 || c->slot[i].m.map_size > c->slot[best].m.map_size)) best = i;
+  return best;
 }
 
 /* Resizes mapping base (unit-map entries included) in place or by moving it to an
@@ -131,68 +168,76 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
   return dest;
 }
 
-/* A cached mapping of at least `need` bytes, its size in *map_size: the smallest one
- * that is big enough (trimmed only if over 4x and 8 MiB too big), else the biggest one
- * grown. Its pages are mostly resident already, so the caller faults in few. */
-static char *cache_take(size_t need, size_t *map_size) {
+/* A cached mapping of at least `need` bytes for a thread of arena `own`: the smallest that
+ * fits in its own cache, else in another's (trimmed only if over 4x and 8 MiB too big),
+ * else its own biggest one grown; {NULL} when none is cached. Its pages are mostly
+ * resident already, so the caller faults in few. */
+static mapping cache_take(unsigned own, size_t need) {
   evicted old = {.n = 0};
   bool threaded = fm_threaded();
-  fm_lock(&cache_lock, threaded);
-  cache_expire(false, &old);
-  int best = -1;
-  for (int i = 0; i < (int)cache_slots; i++) {
-    if (!cache[i].m.base) continue;
-    size_t size = cache[i].m.map_size;
-    if (best < 0) best = i;
-    size_t best_size = cache[best].m.map_size;
-    bool fits = size >= need, best_fits = best_size >= need;
-    if ((fits && (!best_fits || size < best_size)) || (!fits && !best_fits && size > best_size))
-      best = i;
+  mapping got = {NULL, 0};
+  for (unsigned k = 0; k < fm_arena_count && !got.base; k++) {
+    large_cache *c = &caches[(own + k) % fm_arena_count];
+    if (k == 0) {
+      fm_lock(&c->lock, threaded);
+      cache_expire(c, false, &old);
+    } else if (!__atomic_load_n(&c->bytes, __ATOMIC_RELAXED) || !fm_trylock(&c->lock, threaded)) {
+      continue;
+    }
+    int i = cache_best_fit(c, need);
+    if (i >= 0) got = cache_remove(c, (unsigned)i);
+    fm_unlock(&c->lock, threaded);
   }
-  char *base = NULL;
-  size_t size = 0;
-  if (best >= 0) {
-    base = cache[best].m.base;
-    size = cache[best].m.map_size;
-    cache_bytes -= size;
-    cache[best].m.base = NULL;
+  if (!got.base) {
+    large_cache *c = &caches[own];
+    fm_lock(&c->lock, threaded);
+    int i = cache_biggest(c);
+    if (i >= 0) got = cache_remove(c, (unsigned)i);
+    fm_unlock(&c->lock, threaded);
   }
-  fm_unlock(&cache_lock, threaded);
+  cache_visit_other(&old, threaded);
   unmap_evicted(&old);
-  if (base && (size < need || (size / 4 > need && size - need > LARGE_TAKE_SLACK))) {
-    char *resized = mapping_resize(base, size, need);
-    if (!resized) unmap_block(base, size);
-    base = resized;
-    size = need;
+  if (got.base && (got.map_size < need || (got.map_size / 4 > need && got.map_size - need > LARGE_TAKE_SLACK))) {
+    char *resized = mapping_resize(got.base, got.map_size, need);
+    if (!resized) unmap_block(got.base, got.map_size);
+    got = (mapping){resized, need};
   }
-  *map_size = size;
-  return base;
+  return got;
 }
 
-/* Keeps a freed mapping for reuse, first evicting the oldest ones if the cache is full. */
-static bool cache_put(char *base, size_t map_size) {
-  if (map_size > cache_max_bytes / 2) return false;
+/* Keeps a freed mapping in arena own's cache, first evicting its oldest ones if it is
+ * full; false when it cannot be kept (too big, or the other caches hold the whole
+ * allowance). */
+static bool cache_put(unsigned own, char *base, size_t map_size) {
+  if (map_size > LARGE_CACHE_BYTES / 2) return false;
   evicted old = {.n = 0};
   bool threaded = fm_threaded();
-  fm_lock(&cache_lock, threaded);
-  cache_expire(false, &old);
+  large_cache *c = &caches[own];
+  bool kept = false;
+  fm_lock(&c->lock, threaded);
+  cache_expire(c, false, &old);
   for (;;) {
     int slot = -1, oldest = -1;
-    for (int i = 0; i < (int)cache_slots; i++) {
-      if (!cache[i].m.base) slot = slot < 0 ? i : slot;
-      else if (oldest < 0 || cache[i].freed_ns < cache[oldest].freed_ns) oldest = i;
+    for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
+      if (!c->slot[i].m.base) slot = slot < 0 ? i : slot;
+      else if (oldest < 0 || c->slot[i].freed_ns < c->slot[oldest].freed_ns) oldest = i;
     }
-    if (slot >= 0 && cache_bytes + map_size <= cache_max_bytes) {
-      cache[slot].m = (mapping){base, map_size};
-      cache[slot].freed_ns = os_now_ns();
-      cache_bytes += map_size;
+    if (slot >= 0 && c->bytes + map_size <= LARGE_CACHE_BYTES &&
+        __atomic_load_n(&all_bytes, __ATOMIC_RELAXED) + map_size <= all_max_bytes) {
+      c->slot[slot].m = (mapping){base, map_size};
+      c->slot[slot].freed_ns = os_now_ns();
+      __atomic_store_n(&c->bytes, c->bytes + map_size, __ATOMIC_RELAXED);
+      fm_count_add(&all_bytes, map_size);
+      kept = true;
       break;
     }
-    cache_evict((unsigned)oldest, &old);
+    if (oldest < 0) break;
+    old.m[old.n++] = cache_remove(c, (unsigned)oldest);
   }
-  fm_unlock(&cache_lock, threaded);
+  fm_unlock(&c->lock, threaded);
+  cache_visit_other(&old, threaded);
   unmap_evicted(&old);
-  return true;
+  return kept;
 }
 
 static void *place_block(char *base, size_t map_size, size_t offset) {
@@ -204,17 +249,16 @@ static void *place_block(char *base, size_t map_size, size_t offset) {
   return p;
 }
 
-void *large_alloc(size_t size, size_t align, bool *fresh) {
+void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh) {
   size_t offset = align > LARGE_OFFSET ? align : LARGE_OFFSET;
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;
   if (size == 0) size = 1;   /* the block must lie inside its mapping */
   size_t need = round_unit(offset + size);
   if (offset == LARGE_OFFSET) {
-    size_t map_size;
-    char *base = cache_take(need, &map_size);
-    if (base) {
+    mapping cached = cache_take((unsigned)(arena - fm_arenas), need);
+    if (cached.base) {
       *fresh = false;
-      return place_block(base, map_size, offset);
+      return place_block(cached.base, cached.map_size, offset);
     }
   }
   char *base = os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE);
@@ -227,10 +271,12 @@ void *large_alloc(size_t size, size_t align, bool *fresh) {
   return place_block(base, need, offset);
 }
 
-void large_free(void *p) {
+void large_free(void *p, const fm_arena *arena) {
   large_hdr *h = live_header(p, "free(): invalid pointer");
   h->check = (uintptr_t)p ^ ~fm_mark;
-  if ((char *)p == h->base + LARGE_OFFSET && cache_put(h->base, h->map_size)) return;
+  if ((char *)p == h->base + LARGE_OFFSET &&
+      cache_put((unsigned)(arena - fm_arenas), h->base, h->map_size))
+    return;
   unmap_block(h->base, h->map_size);
 }
 
@@ -257,14 +303,26 @@ void *large_realloc(void *p, size_t size) {
 }
 
 size_t large_trim(void) {
-  evicted old = {.n = 0};
   bool threaded = fm_threaded();
-  fm_lock(&cache_lock, threaded);
-  cache_expire(true, &old);
-  fm_unlock(&cache_lock, threaded);
-  return unmap_evicted(&old);
+  size_t released = 0;
+  for (unsigned i = 0; i < fm_arena_count; i++) {
+    evicted old = {.n = 0};
+    fm_lock(&caches[i].lock, threaded);
+    cache_expire(&caches[i], true, &old);
+    fm_unlock(&caches[i].lock, threaded);
+    released += unmap_evicted(&old);
+  }
+  return released;
 }
 
-void large_lock_all(void) { fm_lock(&cache_lock, true); }
-void large_unlock_all(void) { fm_unlock(&cache_lock, true); }
-void large_reset_locks(void) { fm_lock_init(&cache_lock); }
+void large_lock_all(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock(&caches[i].lock, true);
+}
+
+void large_unlock_all(void) {
+  for (unsigned i = fm_arena_count; i-- > 0;) fm_unlock(&caches[i].lock, true);
+}
+
+void large_reset_locks(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock_init(&caches[i].lock);
+}

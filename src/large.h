@@ -4,13 +4,15 @@
 #ifndef FM_LARGE_H
 #define FM_LARGE_H
 
-#include "config.h"
+#include "arena.h"
 
-/* Sizes the cache of freed mappings for this many arenas (fm_init). */
+/* Sizes the caches of freed mappings (one per arena) for this many arenas (fm_init). */
 void large_init(unsigned arenas);
-/* A block of size bytes aligned to align (0: 64); *fresh says it is zero-filled. */
-void *large_alloc(size_t size, size_t align, bool *fresh);
-void large_free(void *p);
+/* A block of size bytes aligned to align (0: 64), for a thread of `arena` (whose cache of
+ * freed mappings it tries first); *fresh says it is zero-filled. */
+void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh);
+/* Frees large block p into the cache of the freeing thread's arena. */
+void large_free(void *p, const fm_arena *arena);
 size_t large_usable_size(const void *p);
 /* Resizes in place or moves with mremap; NULL (p untouched) when that cannot be done. */
 void *large_realloc(void *p, size_t size);

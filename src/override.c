@@ -29,8 +29,9 @@ static void *large_block(size_t size, size_t align, bool zero) {
   }
   void *p = NULL;
   bool fresh = false;
-  if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(tcache_arena(), size < align ? align : size);
-  if (!p) p = large_alloc(size, align, &fresh);
+  fm_arena *arena = tcache_arena();
+  if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(arena, size < align ? align : size);
+  if (!p) p = large_alloc(size, align, arena, &fresh);
   if (!p) {
     errno = ENOMEM;
     return NULL;

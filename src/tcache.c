@@ -377,7 +377,8 @@ static void free_slow(void *p, unsigned cls) {
     return;
   }
   if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
-  if (cls == FM_CLASS_MAPPED) return large_free(p);
+  if (cls == FM_CLASS_MAPPED)   /* into the cache of this thread's arena, if it has one */
+    return large_free(p, fm_tc.state == FM_TCACHE_LIVE ? fm_tc.arena : &fm_arenas[0]);
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
   if (((uintptr_t *)p)[1] == fm_mark &&
