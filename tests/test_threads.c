@@ -1,7 +1,8 @@
 /* Threads: random malloc/free/realloc with payload checks in 8 threads, producer/consumer
  * frees, errno under contended locks, short-lived threads, thread exit with cached blocks,
  * allocation from a pthread key destructor that runs after fastmalloc's own, calloc after
- * remote frees. Worker threads never call cmocka: they count failures for the main thread. */
+ * remote frees, large blocks traded between threads. Worker threads never call cmocka:
+ * they count failures for the main thread. */
 #include "fm_test.h"
 
 #include <malloc.h>
@@ -512,6 +513,79 @@ static void test_calloc_after_remote_free(void **state) {
   assert_no_failures();
 }
 
+/* ---- large blocks (mappings of their own) traded between 8 threads ---- */
+
+enum { LX_THREADS = 8, LX_ROUNDS = 60, LX_EXCHANGE = 8 };
+static _Atomic(void *) large_exchange[LX_EXCHANGE];
+
+/* The block's size and seed at its start, and a seeded word at the start of each later
+ * page: enough to catch one mapping handed to two owners, without filling megabytes. */
+static void large_mark(unsigned char *p, size_t n, uint64_t seed) {
+  struct block_head h = {n, seed};
+  memcpy(p, &h, sizeof h);
+  for (size_t off = 4096; off + 8 <= n; off += 4096) {
+    uint64_t w = seed ^ off;
+    memcpy(p + off, &w, 8);
+  }
+}
+
+static bool large_marked(const unsigned char *p) {
+  struct block_head h;
+  memcpy(&h, p, sizeof h);
+  for (size_t off = 4096; off + 8 <= h.n; off += 4096) {
+    uint64_t w;
+    memcpy(&w, p + off, 8);
+    if (w != (h.seed ^ off)) return false;
+  }
+  return malloc_usable_size((void *)p) >= h.n;
+}
+
+static bool large_zeroed(const unsigned char *p, size_t n) {
+  for (size_t off = 0; off < n; off += 4096)
+    if (!fmt_is_zero(p + off, n - off < 64 ? n - off : 64)) return false;
+  return p[n - 1] == 0;
+}
+
+static void *large_trader(void *arg) {
+  uint64_t rng = fmt_seed_state((uintptr_t)arg);
+  for (int r = 0; r < LX_ROUNDS; r++) {
+    size_t n = 3 * FMT_MIB / 2 + fmt_rand(&rng) % (5 * FMT_MIB);
+    bool zeroed = r % 3 == 0;
+    unsigned char *p = zeroed ? calloc(1, n) : malloc(n);
+    if (!p) {
+      record_failure("large malloc failed", n);
+      continue;
+    }
+    if (zeroed && !large_zeroed(p, n)) record_failure("large calloc not zeroed", n);
+    large_mark(p, n, fmt_rand(&rng));
+    p = atomic_exchange(&large_exchange[fmt_rand(&rng) % LX_EXCHANGE], p);
+    if (p && !large_marked(p)) record_failure("large block overwritten", ((size_t *)p)[0]);
+    free(p);
+  }
+  return NULL;
+}
+
+/* Blocks freed into one thread's cache of mappings are taken by others; then
+ * malloc_trim(0) empties every thread's cache, not only the caller's. */
+static void test_large_blocks_across_threads(void **state) {
+  malloc_trim(0);
+  size_t before = fm_mapped_bytes();
+  pthread_t t[LX_THREADS];
+  for (uintptr_t i = 0; i < LX_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, large_trader, (void *)(i + 7)), 0);
+  for (int i = 0; i < LX_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (int i = 0; i < LX_EXCHANGE; i++) {
+    unsigned char *p = atomic_exchange(&large_exchange[i], NULL);
+    if (p && !large_marked(p)) record_failure("large block overwritten", ((size_t *)p)[0]);
+    free(p);
+  }
+  assert_no_failures();
+  malloc_trim(0);
+  size_t after = fm_mapped_bytes();
+  if (after > before + 16 * FMT_MIB)
+    fail_msg("mapped %zu before the threads, %zu after them and malloc_trim(0)", before, after);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
@@ -522,6 +596,7 @@ int main(void) {
       cmocka_unit_test(test_exit_holding_cache),
       cmocka_unit_test(test_key_destructor_after_cache),
       cmocka_unit_test(test_calloc_after_remote_free),
+      cmocka_unit_test(test_large_blocks_across_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
