@@ -183,7 +183,10 @@ def run_all(jobs, allocs, rounds, timeout, failure_log):
         for i, job in enumerate(jobs, 1):
             done = (rnd - 1) * len(jobs) + i
             log(f"round {rnd}/{rounds} [{done:3d}/{total}] {job.key:<18}", end="")
-            for alloc in job.allocators:
+            # Each round starts one candidate later, so none always runs first, right after
+            # the previous benchmark's heaviest process.
+            shift = (rnd - 1) % len(job.allocators)
+            for alloc in job.allocators[shift:] + job.allocators[:shift]:
                 t0 = time.monotonic()
                 metrics, why, detail = run_one(job, allocs[alloc], timeout)
                 if metrics is None:
@@ -479,7 +482,8 @@ def main():
     write_files(res, jobs, a.rundir)
     report = [f"# fastmalloc vs {', '.join(peers)} — {a.mode} mode",
               "", f"Measured {machine_info(versions)}.",
-              f"{rounds} rounds, candidates interleaved in each round ({' '.join(allocs)}); "
+              f"{rounds} rounds, candidates interleaved in each round ({' '.join(allocs)}; each round "
+              f"starts one candidate later); "
               f"medians; benchmarks ran for {elapsed:.0f} s.", ""]
     report += ["## Time (median; lower is better; best in bold)", "", time_table(res, jobs, names), "",
                "simple-N: bench-malloc-simple with N-byte blocks, ns per malloc+free pair; st: main thread "

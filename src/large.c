@@ -20,8 +20,8 @@ typedef struct large_hdr {
 
 /* Freed mappings wait in a cache per arena: a thread frees into its arena's and takes from
  * it first, so it reuses its own pages, still in its CPU's caches, and threads do not
- * share one lock. Each holds 8 mappings and 64 MiB; all together at most 64 MiB, or 32 MiB
- * per arena beyond two. */
+ * share one lock. Each holds 8 mappings and 64 MiB; all together hold at most 64 MiB, or
+ * 32 MiB per arena when there are more than two. */
 #define LARGE_CACHE_SLOTS 8
 #define LARGE_CACHE_BYTES ((size_t)64 << 20)
 #define LARGE_CACHE_ARENA_SHARE ((size_t)32 << 20)
@@ -50,10 +50,10 @@ void large_init(unsigned arenas) {
   all_max_bytes = arenas <= 2 ? LARGE_CACHE_BYTES : arenas * LARGE_CACHE_ARENA_SHARE;
 }
 
-/* Mappings taken out of caches under their locks and unmapped once those are released
- * (a call expires its own cache and one other, at most 2 x 8):
+/* Mappings taken out of caches under their locks, to unmap once those are released:
  * munmap waits for the kernel's mapping lock and shoots down TLBs, too long to hold a
- * lock other threads' large mallocs and frees take. */
+ * lock other threads' large mallocs and frees take. A call empties at most its own cache
+ * and one other. */
 typedef struct evicted {
   mapping m[2 * LARGE_CACHE_SLOTS];
   unsigned n;
@@ -80,6 +80,7 @@ static void unmap_block(char *base, size_t map_size) {
   os_unmap(base, map_size);
 }
 
+/* Returns the bytes unmapped. */
 static size_t unmap_evicted(const evicted *out) {
   size_t released = 0;
   for (unsigned i = 0; i < out->n; i++) {
