@@ -18,10 +18,11 @@ void arena_init_all(void) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     size_t size = fm_class_stride[cls];
     unsigned units = 1;
-    /* The fewest units that waste at most 1/16 of the span; at most two for blocks over
-     * 4 KiB, whose classes then hold fewer pages each: a program that keeps a few of
-     * them live touches less (the unused tail of a span is never touched). */
-    unsigned most = size > 4096 ? 2 : 8;
+    /* The fewest units that waste at most 1/16 of the span; one for strides over 4 KiB
+     * (2 to 15 blocks a span), so each of those classes holds few free blocks in its
+     * partly used span: a program that keeps a few of them live touches less (the unused
+     * tail of a span is never touched). */
+    unsigned most = size > 4096 ? 1 : 8;
     while (units < most && (units * FM_UNIT_SIZE % size) * 16 > units * FM_UNIT_SIZE) units++;
     span_units[cls] = (uint8_t)units;
   }
