@@ -43,11 +43,11 @@ typedef struct large_cache {
 
 static large_cache caches[FM_MAX_ARENAS];
 static size_t all_bytes;                        /* through fm_count_add */
-static size_t all_max_bytes = LARGE_CACHE_BYTES;
 static unsigned visit_next;                     /* the cache whose expiry a call also runs */
 
-void large_init(unsigned arenas) {
-  all_max_bytes = arenas <= 2 ? LARGE_CACHE_BYTES : arenas * LARGE_CACHE_ARENA_SHARE;
+/* What all caches together may hold. */
+static size_t all_max_bytes(void) {
+  return fm_arena_count <= 2 ? LARGE_CACHE_BYTES : fm_arena_count * LARGE_CACHE_ARENA_SHARE;
 }
 
 /* Mappings taken out of caches under their locks, to unmap once those are released:
@@ -118,22 +118,17 @@ static void cache_visit_other(evicted *out, bool threaded) {
   fm_unlock(&c->lock, threaded);
 }
 
-/* Under c's lock: its smallest mapping of at least `need` bytes, or -1. */
-static int cache_best_fit(const large_cache *c, size_t need) {
+/* Under c's lock: removes and returns its smallest mapping of at least `need` bytes, or
+ * with need 0 its biggest one; {NULL} when it has none. */
+static mapping cache_remove_fit(large_cache *c, size_t need) {
   int best = -1;
   for (int i = 0; i < LARGE_CACHE_SLOTS; i++) {
     size_t size = c->slot[i].m.map_size;
-    if (c->slot[i].m.base && size >= need && (best < 0 || size < c->slot[best].m.map_size)) best = i;
+    if (!c->slot[i].m.base || size < need) continue;
+    size_t best_size = best < 0 ? 0 : c->slot[best].m.map_size;
+    if (best < 0 || (need ? size < best_size : size > best_size)) best = i;
   }
-  return best;
-}
-
-/* Under c's lock: its biggest mapping, or -1. */
-static int cache_biggest(const large_cache *c) {
-  int best = -1;
-  for (int i = 0; i < LARGE_CACHE_SLOTS; i++)
-    if (c->slot[i].m.base && (best < 0 || c->slot[i].m.map_size > c->slot[best].m.map_size)) best = i;
-  return best;
+  return best < 0 ? (mapping){NULL, 0} : cache_remove(c, (unsigned)best);
 }
 
 /* Resizes mapping base (unit-map entries included) in place or by moving it to an
@@ -176,25 +171,21 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
 static mapping cache_take(unsigned own, size_t need) {
   evicted old = {.n = 0};
   bool threaded = fm_threaded();
-  mapping got = {NULL, 0};
-  for (unsigned k = 0; k < fm_arena_count && !got.base; k++) {
+  large_cache *mine = &caches[own];
+  fm_lock(&mine->lock, threaded);
+  cache_expire(mine, false, &old);
+  mapping got = cache_remove_fit(mine, need);
+  fm_unlock(&mine->lock, threaded);
+  for (unsigned k = 1; k < fm_arena_count && !got.base; k++) {
     large_cache *c = &caches[(own + k) % fm_arena_count];
-    if (k == 0) {
-      fm_lock(&c->lock, threaded);
-      cache_expire(c, false, &old);
-    } else if (!__atomic_load_n(&c->bytes, __ATOMIC_RELAXED) || !fm_trylock(&c->lock, threaded)) {
-      continue;
-    }
-    int i = cache_best_fit(c, need);
-    if (i >= 0) got = cache_remove(c, (unsigned)i);
+    if (!__atomic_load_n(&c->bytes, __ATOMIC_RELAXED) || !fm_trylock(&c->lock, threaded)) continue;
+    got = cache_remove_fit(c, need);
     fm_unlock(&c->lock, threaded);
   }
   if (!got.base) {
-    large_cache *c = &caches[own];
-    fm_lock(&c->lock, threaded);
-    int i = cache_biggest(c);
-    if (i >= 0) got = cache_remove(c, (unsigned)i);
-    fm_unlock(&c->lock, threaded);
+    fm_lock(&mine->lock, threaded);
+    got = cache_remove_fit(mine, 0);
+    fm_unlock(&mine->lock, threaded);
   }
   cache_visit_other(&old, threaded);
   unmap_evicted(&old);
@@ -224,7 +215,7 @@ static bool cache_put(unsigned own, char *base, size_t map_size) {
       else if (oldest < 0 || c->slot[i].freed_ns < c->slot[oldest].freed_ns) oldest = i;
     }
     if (slot >= 0 && c->bytes + map_size <= LARGE_CACHE_BYTES &&
-        __atomic_load_n(&all_bytes, __ATOMIC_RELAXED) + map_size <= all_max_bytes) {
+        __atomic_load_n(&all_bytes, __ATOMIC_RELAXED) + map_size <= all_max_bytes()) {
       c->slot[slot].m = (mapping){base, map_size};
       c->slot[slot].freed_ns = os_now_ns();
       __atomic_store_n(&c->bytes, c->bytes + map_size, __ATOMIC_RELAXED);

@@ -6,8 +6,6 @@
 
 #include "arena.h"
 
-/* Sizes the caches of freed mappings (one per arena) for this many arenas (fm_init). */
-void large_init(unsigned arenas);
 /* A block of size bytes aligned to align (0: 64), for a thread of `arena` (whose cache of
  * freed mappings it tries first); *fresh says it is zero-filled. */
 void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh);

@@ -86,7 +86,6 @@ bool fm_init(void) {
     limits_init();
     fm_mark = (uintptr_t)os_random64();
     arena_init_all();
-    large_init(fm_arena_count);
     if (fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0)
       atomic_store_explicit(&init_done, 1, memory_order_release);
   }
@@ -221,9 +220,14 @@ static fm_tcache *tcache_current(void) {
   return tc;
 }
 
+/* The arena of the calling thread's cache; arena 0 while it has none. */
+static fm_arena *thread_arena(void) {
+  return fm_tc.state == FM_TCACHE_LIVE ? fm_tc.arena : &fm_arenas[0];
+}
+
 fm_arena *tcache_arena(void) {
-  fm_tcache *tc = tcache_current();
-  return tc->state == FM_TCACHE_DEAD ? &fm_arenas[0] : tc->arena;
+  tcache_current();
+  return thread_arena();
 }
 
 /* Gives the n oldest blocks of bin cls back to the arenas; the newest, likely still in
@@ -377,8 +381,7 @@ static void free_slow(void *p, unsigned cls) {
     return;
   }
   if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
-  if (cls == FM_CLASS_MAPPED)   /* into the cache of this thread's arena, if it has one */
-    return large_free(p, fm_tc.state == FM_TCACHE_LIVE ? fm_tc.arena : &fm_arenas[0]);
+  if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
   if (((uintptr_t *)p)[1] == fm_mark &&
