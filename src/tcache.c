@@ -31,7 +31,8 @@ static unsigned arena_threads[FM_MAX_ARENAS];
 
 /* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
  * thread that allocates little holds little, and a bin doubles on each miss, up to about
- * 2 MiB (128 KiB for blocks over 4 KiB), while the thread's byte budget allows. */
+ * 2 MiB (32 KiB, at least 2 blocks, for blocks over 4 KiB), while the thread's byte
+ * budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
 static size_t start_slots;   /* the slots the start layout takes */
@@ -63,11 +64,12 @@ static void limits_init(void) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t size = (int32_t)fm_class_size[cls];
     /* Blocks of several pages are cached sparingly: the memory they pin costs more than
-     * the arena trip they save. */
-    int32_t start = (1 << 10) / size, most = (size > 4096 ? 128 << 10 : 2 << 20) / size;
+     * the arena trip they save (a program that fills such blocks spends far longer on
+     * its page writes than on that trip). */
+    int32_t start = (1 << 10) / size, most = (size > 4096 ? 32 << 10 : 2 << 20) / size;
     limit_start[cls] = start < 1 ? 1 : start > 16 ? 16 : start;
     start_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
-    limit_max[cls] = most < 4 ? 4 : most > 2048 ? 2048 : most;
+    limit_max[cls] = most < 2 ? 2 : most > 2048 ? 2048 : most;
     slots += (size_t)limit_max[cls];
     unsigned batch = (16u << 10) / (unsigned)size;
     refill_max[cls] = size > 4096 ? 4 : batch < 32 ? 32 : batch;
