@@ -301,12 +301,51 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   return true;
 }
 
-/* Free found the bin full: grow it if this thread also allocates from it (a thread that
- * only frees, like a consumer of messages, gains nothing from holding blocks), else give
- * its older half back to the arenas in one batch. */
+/* A bin that only receives frees (its thread never refilled it since the last sweep) holds
+ * up to this many bytes, and at least FREE_ONLY_MIN_BLOCKS: enough that the batches it
+ * gives back are worth their lock. */
+#define FREE_ONLY_BIN_BYTES 4096
+#define FREE_ONLY_MIN_BLOCKS 8
+#define FREE_ONLY_BATCH 512   /* pointers gathered on the stack for one give-back */
+
+static bool bin_is_free_only(const fm_tcache *tc, unsigned cls) {
+  return (tc->activity[cls] & (BIN_REFILLED | BIN_OVERFLOWED)) == BIN_OVERFLOWED;
+}
+
+/* Empties bin cls into batch[n ..] if all its blocks fit; returns the new count. */
+static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) {
+  size_t count = (size_t)bin_count(tc, cls);
+  if (n + count > FREE_ONLY_BATCH) return n;   /* it waits for the next batch */
+  memcpy(batch + n, tc->low[cls], count * sizeof(void *));
+  tc->top[cls] = tc->low[cls];
+  return n + count;
+}
+
+/* Gives back every block of bin cls and of the other free-only bins, as far as they fit in
+ * one batch: one arena_free_blocks call, so one lock per owning arena for all of them. */
+static void tcache_flush_free_only(fm_tcache *tc, unsigned cls) {
+  void *batch[FREE_ONLY_BATCH];
+  size_t n = bin_move_all(tc, cls, batch, 0);
+  for (unsigned c = 1; c <= FM_NUM_SPAN_CLASSES; c++)
+    if (c != cls && bin_is_free_only(tc, c)) n = bin_move_all(tc, c, batch, n);
+  if (n) arena_free_blocks(batch, n);
+}
+
+/* Free found the bin full. A bin this thread also allocates from grows, else gives its
+ * older half back. A thread that only frees into it (the consumer of a producer) gains
+ * nothing from holding its blocks: they all go back, with those of its other such bins in
+ * the same batch, and the bin grows to a few KiB so that the batches stay large. */
 static void tcache_overflow(fm_tcache *tc, unsigned cls) {
-  bool grown = (tc->activity[cls] & BIN_REFILLED) && tcache_grow(tc, cls);
-  if (!grown) tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
+  if (tc->activity[cls] & BIN_REFILLED) {
+    if (!tcache_grow(tc, cls)) tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
+  } else {
+    /* (a bin grown while it was refilled too may hold more than one batch) */
+    tcache_flush_oldest(tc, cls, bin_count(tc, cls) - FREE_ONLY_BATCH);
+    tcache_flush_free_only(tc, cls);
+    int32_t limit = bin_limit(tc, cls);
+    if (limit < FREE_ONLY_MIN_BLOCKS || (size_t)limit * fm_class_size[cls] < FREE_ONLY_BIN_BYTES)
+      tcache_grow(tc, cls);
+  }
   tc->activity[cls] |= BIN_OVERFLOWED;
 }
 
