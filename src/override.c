@@ -15,9 +15,13 @@
 #pragma GCC diagnostic ignored "-Wmissing-attributes"
 #define FM_ALIAS(name) __attribute__((alias(#name), used, visibility("default")))
 
-fm_api void *malloc(size_t size) { return tcache_malloc(size); }
+/* The two fast paths each start a cache line, so their placement does not shift with the
+ * size of the code linked before them: such shifts alone moved bench-malloc-thread by 2-6 %. */
+#define FM_HOT_ENTRY __attribute__((aligned(64)))
 
-fm_api void free(void *p) { tcache_free(p); }
+fm_api FM_HOT_ENTRY void *malloc(size_t size) { return tcache_malloc(size); }
+
+fm_api FM_HOT_ENTRY void free(void *p) { tcache_free(p); }
 
 /* A block beyond the size classes, or an alignment they cannot give (align: a power of
  * two, 0 for none): a chunk span (64 KiB aligned) up to 1 MiB, else a mapping of its own.
