@@ -306,7 +306,7 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
  * gives back are worth their lock. */
 #define FREE_ONLY_BIN_BYTES 4096
 #define FREE_ONLY_MIN_BLOCKS 8
-#define FREE_ONLY_BATCH 512   /* pointers gathered on the stack for one give-back */
+#define FREE_ONLY_BATCH 256   /* pointers gathered on the stack (2 KiB) for one give-back */
 
 static bool bin_is_free_only(const fm_tcache *tc, unsigned cls) {
   return (tc->activity[cls] & (BIN_REFILLED | BIN_OVERFLOWED)) == BIN_OVERFLOWED;
