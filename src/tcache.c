@@ -102,7 +102,7 @@ bool fm_init(void) {
 __attribute__((constructor(101))) static void fm_constructor(void) { fm_init(); }
 
 /* Gives the new cache tc its bins' array, from the pool of finished threads' or a new
- * mapping, and its arena; false when out of memory. */
+ * mapping; false when out of memory. */
 static bool pool_take(fm_tcache *tc) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
@@ -111,27 +111,16 @@ static bool pool_take(fm_tcache *tc) {
     pool_free = *(void ***)slots;
     pool_count--;
   }
-  unsigned least = 0;
-  for (unsigned i = 1; i < fm_arena_count; i++)
-    if (arena_threads[i] < arena_threads[least]) least = i;
-  arena_threads[least]++;
-  tc->arena = &fm_arenas[least];
   fm_unlock(&pool_lock, threaded);
-  if (!slots && !(slots = os_map(slots_bytes))) {
-    fm_lock(&pool_lock, threaded);
-    arena_threads[least]--;   /* the thread gets no cache */
-    fm_unlock(&pool_lock, threaded);
-    return false;
-  }
+  if (!slots) slots = os_map(slots_bytes);
   tc->slots = slots;
-  return true;
+  return slots != NULL;
 }
 
-/* Takes back an exiting thread's bins' array and its place in its arena. */
-static void pool_give(void **slots, const fm_arena *arena) {
+/* Takes back an exiting thread's bins' array. */
+static void pool_give(void **slots) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
-  arena_threads[arena - fm_arenas]--;
   bool kept = pool_count < POOL_MAX;
   if (kept) {
     *(void ***)slots = pool_free;
@@ -140,6 +129,26 @@ static void pool_give(void **slots, const fm_arena *arena) {
   }
   fm_unlock(&pool_lock, threaded);
   if (!kept) os_unmap(slots, slots_bytes);
+}
+
+/* A new thread's arena: the lowest one with the fewest live threads. */
+static fm_arena *arena_join(void) {
+  bool threaded = fm_threaded();
+  fm_lock(&pool_lock, threaded);
+  unsigned least = 0;
+  for (unsigned i = 1; i < fm_arena_count; i++)
+    if (arena_threads[i] < arena_threads[least]) least = i;
+  arena_threads[least]++;
+  fm_unlock(&pool_lock, threaded);
+  return &fm_arenas[least];
+}
+
+/* An exiting thread gives its place in its arena back. */
+static void arena_leave(const fm_arena *arena) {
+  bool threaded = fm_threaded();
+  fm_lock(&pool_lock, threaded);
+  arena_threads[arena - fm_arenas]--;
+  fm_unlock(&pool_lock, threaded);
 }
 
 /* Unmaps the pooled bins' arrays of finished threads (malloc_trim); returns the bytes. */
@@ -208,6 +217,7 @@ static void tcache_thread_start(fm_tcache *tc) {
     tc->state = FM_TCACHE_DEAD;
     return;
   }
+  tc->arena = arena_join();
   memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
   tcache_layout_start(tc);
   tc->limit_bytes = start_bytes;
@@ -376,7 +386,8 @@ static void tcache_thread_exit(void *arg) {
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
   /* The pages that grown bins took go back: the next thread starts small. */
   slots_purge(tc, tc->slots + start_slots);
-  pool_give(tc->slots, tc->arena);
+  pool_give(tc->slots);
+  arena_leave(tc->arena);
   *tc = (fm_tcache){.state = FM_TCACHE_DEAD};
 }
 

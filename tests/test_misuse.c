@@ -4,8 +4,6 @@
  * child checks the harness itself. */
 #include "fm_test.h"
 
-#include <malloc.h>
-
 #include <sys/mman.h>
 
 static void expect_abort(void (*fn)(void *), void *arg, const char *what) {
