@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 SYSTEM = "glibc"          # the allocator used when nothing is preloaded
 MAIN = "fastmalloc"       # the allocator under test
 NO_ST_FLAG = "fastmalloc-no-st-flag"  # variant built with -DFM_SINGLE_THREAD_FLAG=OFF
+NO_MARK = "fastmalloc-no-mark"        # variant built with -DFM_FREE_MARK=OFF
+VARIANTS = (NO_ST_FLAG, NO_MARK)      # builds measured for their own tables, not as candidates
 SCENARIOS = (("st", "main_arena_st"), ("thr", "thread_arena_"), ("mt", "main_arena_mt"))
 COUNTS = (25, 100, 400, 1600)
 MODES = {
@@ -118,6 +120,7 @@ def verify_preloads(bindir, allocs):
 
 def make_jobs(bindir, mode, allocs):
     m = MODES[mode]
+    # The flag-off build runs bench-malloc-simple only; the mark-off build runs everything.
     main_allocs = [a for a in allocs if a != NO_ST_FLAG]
     jobs = []
     for size in m["sizes"]:
@@ -346,6 +349,48 @@ def st_flag_table(res, jobs):
                      "gain (off st ÷ fm st)", "glibc st", "glibc mt", "glibc mt÷st"], out)
 
 
+def mark_table(res, jobs, peers):
+    """fastmalloc with and without the double-free mark, each against the best peer: time (the
+    geometric mean of a benchmark's timed figures) and peak RSS."""
+    out, groups, mem = [], {}, {MAIN: [], NO_MARK: []}
+
+    def over_best(alloc, job, metrics, pick):
+        """geomean over metrics of alloc's figure ÷ the best peer's (pick: min of the peers)."""
+        rs = []
+        for m in metrics:
+            v = res.median(job.key, m, alloc)
+            pv = [x for x in (res.median(job.key, m, p) for p in peers) if x]
+            if not v or not pv:
+                return None
+            rs.append(v / pick(pv))
+        return geomean(rs)
+
+    for job in jobs:
+        timed = [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
+        t = {a: over_best(a, job, timed, min) for a in (MAIN, NO_MARK)}
+        r = {a: over_best(a, job, ["peak_rss"], min) for a in (MAIN, NO_MARK)}
+        if t[MAIN] and t[NO_MARK]:
+            groups.setdefault(job.kind, []).append(t)
+        for a in mem:
+            mem[a].append(r[a])
+        out.append([job.key] + [f"{t[a]:.2f}" if t[a] else "—" for a in (MAIN, NO_MARK)] +
+                   [quotient(t[MAIN], t[NO_MARK])] +
+                   [fmt_value(res.median(job.key, "peak_rss", a), "KiB") for a in (MAIN, NO_MARK)] +
+                   [f"{r[a]:.2f}" if r[a] else "—" for a in (MAIN, NO_MARK)])
+    for kind, title in GROUPS:
+        rows = groups.get(kind)
+        if rows:
+            g = {a: geomean([row[a] for row in rows]) for a in (MAIN, NO_MARK)}
+            out.append([f"**geomean {title}**", f"**{g[MAIN]:.2f}**", f"**{g[NO_MARK]:.2f}**",
+                        quotient(g[MAIN], g[NO_MARK]), "", "", "", ""])
+    g = {a: geomean(mem[a]) for a in mem}
+    out.append(["**geomean peak RSS**", "", "", "", "", ""] +
+               [f"**{g[a]:.2f}**" if g[a] else "—" for a in (MAIN, NO_MARK)])
+    return md_table(["benchmark", "time ÷ best peer", "no mark: ÷ best peer", "mark's cost (time ÷ no-mark time)",
+                     "peak RSS, MiB", "no mark: peak RSS", "peak ÷ smallest peer",
+                     "no mark: ÷ smallest peer"], out)
+
+
 def threads_table(res, names):
     out = []
     for a in names:
@@ -469,7 +514,7 @@ def main():
     if MAIN not in allocs:
         log("compare: fastmalloc's preload is not in effect; nothing to compare")
         return 1
-    names = [n for n in allocs if n != NO_ST_FLAG]
+    names = [n for n in allocs if n not in VARIANTS]
     peers = [n for n in names if n != MAIN]
 
     jobs = make_jobs(a.bindir, a.mode, allocs)
@@ -503,6 +548,13 @@ def main():
                    st_flag_table(res, jobs), "",
                    "fm: normal build; flag-off: built with -DFM_SINGLE_THREAD_FLAG=OFF. gain above 1: the flag "
                    "makes the single-threaded case faster.", ""]
+    if NO_MARK in allocs:
+        report += ["## What the double-free mark costs (DESIGN §6)", "", mark_table(res, jobs, peers), "",
+                   "fastmalloc as shipped, and built with -DFM_FREE_MARK=OFF: without the mark, free() "
+                   "writes nothing into a freed block and a double free is caught only when the thread's "
+                   "cache gives the block back to its span (not at all if malloc hands it out again "
+                   "first). Time: the geometric mean of a benchmark's timed figures (for simple-N, its "
+                   "12 cells), each over the best peer's in that figure.", ""]
     if any(j.key == "thread-churn" for j in jobs):
         report += ["## Threads: RSS, MiB", "", threads_table(res, names), ""]
     if a.instructions and os.path.exists(a.instructions):

@@ -436,7 +436,7 @@ static void free_slow(void *p, unsigned cls) {
   if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
-  if (((uintptr_t *)p)[1] == fm_mark &&
+  if (FM_FREE_MARK && ((uintptr_t *)p)[1] == fm_mark &&
       ((tc->state != FM_TCACHE_DEAD && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
     os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {

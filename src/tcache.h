@@ -58,14 +58,14 @@ static fm_always_inline void *tcache_pop(size_t cls, void **top) {
   FM_SPLIT_ADDRESS(cls);
   fm_tc.top[cls]--;
   uintptr_t *block = top[-1];
-  block[1] = 0;   /* clear the double-free mark */
+  if (FM_FREE_MARK) block[1] = 0;   /* clear the double-free mark */
   return block;
 }
 
 /* Pushes freed block p, marked, onto bin cls, whose top (already loaded) is below its
  * high end. */
 static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintptr_t mark) {
-  ((uintptr_t *)p)[1] = mark;
+  if (FM_FREE_MARK) ((uintptr_t *)p)[1] = mark;
   *top = p;
   FM_SPLIT_ADDRESS(cls);
   fm_tc.top[cls]++;
@@ -91,7 +91,8 @@ static fm_always_inline void tcache_free(void *p) {
   void **top = fm_tc.top[cls];
   if (fm_unlikely(top == fm_tc.high[cls])) return tcache_free_miss(p);
   uintptr_t mark = fm_mark;   /* a random key: user data matches it by chance only */
-  if (fm_unlikely(((uintptr_t *)p)[1] == mark)) return tcache_free_miss(p);  /* double free? */
+  if (FM_FREE_MARK && fm_unlikely(((uintptr_t *)p)[1] == mark))
+    return tcache_free_miss(p);   /* double free? */
   tcache_push(cls, top, p, mark);
 }
 
