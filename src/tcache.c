@@ -395,7 +395,7 @@ static void tcache_thread_exit(void *arg) {
 static void *arena_malloc_one(unsigned cls) {
   void *block;
   if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &block)) return NULL;
-  ((uintptr_t *)block)[1] = 0;
+  if (FM_FREE_MARK) ((uintptr_t *)block)[1] = 0;
   return block;
 }
 
