@@ -395,7 +395,7 @@ static void tcache_thread_exit(void *arg) {
 static void *arena_malloc_one(unsigned cls) {
   void *block;
   if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &block)) return NULL;
-  if (FM_FREE_MARK) ((uintptr_t *)block)[1] = 0;
+  mark_set(block, 0);
   return block;
 }
 
@@ -436,7 +436,7 @@ static void free_slow(void *p, unsigned cls) {
   if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
-  if (FM_FREE_MARK && ((uintptr_t *)p)[1] == fm_mark &&
+  if (mark_found(p, fm_mark) &&
       ((tc->state != FM_TCACHE_DEAD && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
     os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {

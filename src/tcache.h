@@ -53,19 +53,29 @@ fm_noinline void *fm_malloc_large(size_t size);
  * between the load and the store of top: this hides that they share cls. */
 #define FM_SPLIT_ADDRESS(cls) __asm__("" : "+r"(cls))
 
+/* The double-free mark (DESIGN §6): a cached block's second word holds `mark` (fm_mark, a
+ * random key: user data matches it by chance only). Builds without FM_FREE_MARK neither
+ * write nor read it. */
+static fm_always_inline bool mark_found(const void *block, uintptr_t mark) {
+  return FM_FREE_MARK && ((const uintptr_t *)block)[1] == mark;
+}
+static fm_always_inline void mark_set(void *block, uintptr_t mark) {
+  if (FM_FREE_MARK) ((uintptr_t *)block)[1] = mark;
+}
+
 /* Pops a block from a bin whose top (already loaded) is known to be above its low end. */
 static fm_always_inline void *tcache_pop(size_t cls, void **top) {
   FM_SPLIT_ADDRESS(cls);
   fm_tc.top[cls]--;
-  uintptr_t *block = top[-1];
-  if (FM_FREE_MARK) block[1] = 0;   /* clear the double-free mark */
+  void *block = top[-1];
+  mark_set(block, 0);
   return block;
 }
 
 /* Pushes freed block p, marked, onto bin cls, whose top (already loaded) is below its
  * high end. */
 static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintptr_t mark) {
-  if (FM_FREE_MARK) ((uintptr_t *)p)[1] = mark;
+  mark_set(p, mark);
   *top = p;
   FM_SPLIT_ADDRESS(cls);
   fm_tc.top[cls]++;
@@ -90,9 +100,8 @@ static fm_always_inline void tcache_free(void *p) {
   size_t cls = fm_unit_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
   void **top = fm_tc.top[cls];
   if (fm_unlikely(top == fm_tc.high[cls])) return tcache_free_miss(p);
-  uintptr_t mark = fm_mark;   /* a random key: user data matches it by chance only */
-  if (FM_FREE_MARK && fm_unlikely(((uintptr_t *)p)[1] == mark))
-    return tcache_free_miss(p);   /* double free? */
+  uintptr_t mark = fm_mark;
+  if (fm_unlikely(mark_found(p, mark))) return tcache_free_miss(p);   /* double free? */
   tcache_push(cls, top, p, mark);
 }
 

@@ -3,7 +3,6 @@
  * allocators, malloc_usable_size, the __libc_ aliases and the fm_ extras. */
 #include "fm_test.h"
 
-#include <malloc.h>
 #include <sys/mman.h>
 
 #define PTRDIFF_MAX_PLUS_1 ((size_t)PTRDIFF_MAX + 1)

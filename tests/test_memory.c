@@ -3,7 +3,6 @@
  * number of threads created and joined. Checks amounts only, never time. */
 #include "fm_test.h"
 
-#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>

@@ -5,7 +5,6 @@
  * they count failures for the main thread. */
 #include "fm_test.h"
 
-#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
