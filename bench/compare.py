@@ -354,21 +354,21 @@ def mark_table(res, jobs, peers):
     geometric mean of a benchmark's timed figures) and peak RSS."""
     out, groups, mem = [], {}, {MAIN: [], NO_MARK: []}
 
-    def over_best(alloc, job, metrics, pick):
-        """geomean over metrics of alloc's figure ÷ the best peer's (pick: min of the peers)."""
+    def over_best(alloc, job, metrics):
+        """geomean over metrics of alloc's figure ÷ the best (lowest) peer's."""
         rs = []
         for m in metrics:
             v = res.median(job.key, m, alloc)
             pv = [x for x in (res.median(job.key, m, p) for p in peers) if x]
             if not v or not pv:
                 return None
-            rs.append(v / pick(pv))
+            rs.append(v / min(pv))
         return geomean(rs)
 
     for job in jobs:
         timed = [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
-        t = {a: over_best(a, job, timed, min) for a in (MAIN, NO_MARK)}
-        r = {a: over_best(a, job, ["peak_rss"], min) for a in (MAIN, NO_MARK)}
+        t = {a: over_best(a, job, timed) for a in (MAIN, NO_MARK)}
+        r = {a: over_best(a, job, ["peak_rss"]) for a in (MAIN, NO_MARK)}
         if t[MAIN] and t[NO_MARK]:
             groups.setdefault(job.kind, []).append(t)
         for a in mem:
