@@ -251,13 +251,17 @@ static fm_always_inline bool block_at(size_t offset, uint32_t magic, size_t size
 /* The bytes of a span that its blocks take: its unused tail lies beyond. */
 static size_t span_blocks_len(const fm_span *span) { return (size_t)span->capacity * span->block_size; }
 
+/* Whether p starts a block of span, a small-class one, and its index in *index. */
+static bool span_block_at(const fm_span *span, const void *p, uint32_t *index) {
+  size_t offset = (size_t)((const char *)p - span->start);
+  return span->cls <= FM_NUM_SPAN_CLASSES && offset < span_blocks_len(span) &&
+         block_at(offset, span->index_magic, span->block_size, index);
+}
+
 /* Index of block p in its small-class span, or a fatal report if p is not a block. */
 static uint32_t span_block_index(const fm_span *span, const void *p) {
-  size_t offset = (size_t)((const char *)p - span->start);
   uint32_t index;
-  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES || offset >= span_blocks_len(span) ||
-                  !block_at(offset, span->index_magic, span->block_size, &index)))
-    os_fatal("free(): invalid pointer", p);
+  if (fm_unlikely(!span_block_at(span, p, &index))) os_fatal("free(): invalid pointer", p);
   return index;
 }
 
@@ -339,7 +343,10 @@ void arena_free_span_large(void *p) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
   if (fm_unlikely(p != span->start || span->used != 1 || span->cls != FM_CLASS_SPAN_LARGE))
-    os_fatal("free(): invalid pointer", p);
+    os_fatal(p == span->start && span->used == 0 && span->cls == FM_CLASS_SPAN_LARGE
+                 ? "free(): double free detected"   /* a kept span: the block's second free */
+                 : "free(): invalid pointer",
+             p);
   span->used = 0;
   arena_span_emptied(arena, span);
   arena_purge_tick(arena);
@@ -347,6 +354,13 @@ void arena_free_span_large(void *p) {
 }
 
 size_t arena_span_large_size(const void *p) { return span_bytes(span_of(p)); }
+
+bool arena_is_block_start(const void *p, unsigned cls) {
+  const fm_span *span = span_of(p);
+  uint32_t index;
+  if (span->cls != cls) return false;
+  return cls == FM_CLASS_SPAN_LARGE ? p == span->start : span_block_at(span, p, &index);
+}
 
 bool arena_block_is_free(void *p) {
   fm_span *span = span_of(p);

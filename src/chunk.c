@@ -10,34 +10,75 @@
 
 #define FM_UNIT_MAP_BYTES ((size_t)1 << (FM_ADDRESS_BITS - FM_UNIT_SHIFT))
 #define FM_UNIT_MAP_PAGES (FM_UNIT_MAP_BYTES / FM_PAGE_SIZE)
+/* Under an address-space limit (ulimit -v) too small for the whole map, it covers this
+ * much address space around its own mapping instead (a 16 MiB map): a process so limited
+ * has all its mappings within a few GiB of each other. */
+#define FM_UNIT_MAP_WINDOW_UNITS ((size_t)1 << (40 - FM_UNIT_SHIFT))
 
 static const uint8_t fm_unit_map_boot[1];
 const uint8_t *fm_unit_map = fm_unit_map_boot;
 uintptr_t fm_mark;
 
-/* Which pages of the unit map have been made writable (one bit a page). */
+/* The reservation behind fm_unit_map: it holds the entries of units map_first ..
+ * map_first + map_units - 1 (all of them unless the window had to do). */
+static uint8_t *map_start;
+static size_t map_first, map_units;
+
+/* Which pages of the reservation have been made writable (one bit a page). */
 static _Atomic uint64_t fm_unit_map_writable[FM_UNIT_MAP_PAGES / 64];
 
-bool fm_unit_map_init(void) {
-  void *map = os_reserve_readonly(FM_UNIT_MAP_BYTES);
-  if (!map) return false;
-  fm_unit_map = map;
+/* The windowed map: the window, centred on its own mapping, and one read-only zero page
+ * where the fast path's indexing puts units 0 .. 4095 (addresses below 256 MiB), so that
+ * free(NULL) reads "not ours" there. The window moves by a page of units (256 MiB) at a
+ * time until that page's place is free. */
+static bool unit_map_window(void) {
+  map_units = FM_UNIT_MAP_WINDOW_UNITS;
+  map_start = os_reserve_readonly(map_units);
+  if (!map_start) return false;
+  size_t centre = (uintptr_t)map_start >> FM_UNIT_SHIFT;
+  size_t first = centre > map_units / 2 ? centre - map_units / 2 : 0;
+  if (first > FM_UNIT_MAP_BYTES - map_units) first = FM_UNIT_MAP_BYTES - map_units;
+  first &= ~(size_t)(FM_PAGE_SIZE - 1);   /* so the zero page's place is page-aligned */
+  /* (a window from unit 0 holds those entries itself) */
+  for (unsigned tries = 0; first >= FM_PAGE_SIZE; tries++, first -= FM_PAGE_SIZE) {
+    if (tries == 64) {   /* set-up fails for good: the reservation can stay */
+      map_start = NULL;
+      return false;
+    }
+    if (os_reserve_readonly_at(map_start - first, FM_PAGE_SIZE)) break;
+  }
+  map_first = first;
   return true;
 }
 
+bool fm_unit_map_init(void) {
+  map_units = FM_UNIT_MAP_BYTES;
+  map_start = os_reserve_readonly(map_units);
+  if (!map_start && !unit_map_window()) return false;
+  /* The fast path indexes fm_unit_map by unit number: a window's base lies before it. */
+  fm_unit_map = (const uint8_t *)((uintptr_t)map_start - map_first);
+  return true;
+}
+
+unsigned fm_unit_class_checked(const void *p) {
+  size_t unit = (uintptr_t)p >> FM_UNIT_SHIFT;
+  if (!map_start || unit < map_first || unit - map_first >= map_units) return 0;
+  return map_start[unit - map_first];
+}
+
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls) {
-  if (fm_unit_map == fm_unit_map_boot) return false;   /* set-up failed: nothing is ours */
-  size_t first = (uintptr_t)start >> FM_UNIT_SHIFT;
-  size_t last = ((uintptr_t)start + size - 1) >> FM_UNIT_SHIFT;
+  if (!map_start) return false;   /* set-up failed: nothing is ours */
+  size_t first = ((uintptr_t)start >> FM_UNIT_SHIFT) - map_first;
+  size_t last = (((uintptr_t)start + size - 1) >> FM_UNIT_SHIFT) - map_first;
+  if (first > last || last >= map_units) return false;   /* outside the window */
   for (size_t page = first / FM_PAGE_SIZE; page <= last / FM_PAGE_SIZE; page++) {
     uint64_t bit = (uint64_t)1 << (page % 64);
     if (atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_acquire) & bit)
       continue;
-    if (!os_make_writable((void *)(fm_unit_map + page * FM_PAGE_SIZE), FM_PAGE_SIZE))
-      return false;
+    if (!os_make_writable(map_start + page * FM_PAGE_SIZE, FM_PAGE_SIZE)) return false;
     atomic_fetch_or_explicit(&fm_unit_map_writable[page / 64], bit, memory_order_release);
   }
-  memset((uint8_t *)fm_unit_map + first, cls, last - first + 1);
+  memset(map_start + first, cls, last - first + 1);
   return true;
 }
 

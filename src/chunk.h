@@ -46,16 +46,22 @@ _Static_assert(sizeof(fm_chunk) <= FM_UNIT_SIZE, "chunk metadata fits in unit 0"
 #define FM_CHUNK_ALL_UNITS (~(uint64_t)1)  /* unit 0 is the metadata */
 
 /* The unit map; before fm_unit_map_init it points at a single zero byte, so free(NULL)
- * works from the first instruction of the process. */
+ * works from the first instruction of the process. Set up, it covers the 47-bit address
+ * space (2 GiB of address space, read-only until used) or, under an address-space limit
+ * (ulimit -v) too small for that, a 1 TiB window around its own mapping: memory the OS
+ * hands out outside the window is then refused (fm_unit_map_set fails). */
 extern fm_hidden const uint8_t *fm_unit_map;
 extern fm_hidden uintptr_t fm_mark;   /* per-process random key: freed-block mark, large-block check */
 
 bool fm_unit_map_init(void);
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);
 
+/* The fast paths' lookup, for p below 2^47 (and inside the window, if the map is one). */
 static fm_always_inline unsigned fm_unit_class(const void *p) {
   return fm_unit_map[(uintptr_t)p >> FM_UNIT_SHIFT];
 }
+/* The same for any pointer: 0 where the map does not reach. */
+unsigned fm_unit_class_checked(const void *p);
 
 static inline fm_chunk *chunk_of(const void *p) {
   return (fm_chunk *)((uintptr_t)p & ~(uintptr_t)(FM_CHUNK_SIZE - 1));

@@ -65,7 +65,7 @@ static large_hdr *header_of(const void *p) { return (large_hdr *)p - 1; }
 
 /* The header of live block p, or a fatal report naming the misuse. */
 static large_hdr *live_header(const void *p, const char *op) {
-  if (((uintptr_t)p & 15) || fm_unit_class((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
+  if (((uintptr_t)p & 15) || fm_unit_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
     os_fatal(op, p);
   large_hdr *h = header_of(p);
   if (h->check != ((uintptr_t)p ^ fm_mark)) {
@@ -272,8 +272,8 @@ void large_free(void *p, const fm_arena *arena) {
   unmap_block(h->base, h->map_size);
 }
 
-size_t large_usable_size(const void *p) {
-  large_hdr *h = live_header(p, "malloc_usable_size(): invalid pointer");
+size_t large_usable_size(const void *p, const char *op) {
+  large_hdr *h = live_header(p, op);
   return (size_t)(h->base + h->map_size - (const char *)p);
 }
 

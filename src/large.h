@@ -11,7 +11,8 @@
 void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh);
 /* Frees large block p into the cache of the freeing thread's arena. */
 void large_free(void *p, const fm_arena *arena);
-size_t large_usable_size(const void *p);
+/* Bytes usable in large block p; fatal report `op` when p is no live large block. */
+size_t large_usable_size(const void *p, const char *op);
 /* Resizes in place or moves with mremap; NULL (p untouched) when that cannot be done. */
 void *large_realloc(void *p, size_t size);
 size_t large_trim(void);

@@ -54,6 +54,15 @@ void *os_reserve_readonly(size_t size) {
   return os_mmap(NULL, size, PROT_READ, MAP_NORESERVE);
 }
 
+void *os_reserve_readonly_at(void *addr, size_t size) {
+  void *p = os_mmap(addr, size, PROT_READ, MAP_NORESERVE | MAP_FIXED_NOREPLACE);
+  if (p && p != addr) {   /* a kernel before 4.17 takes the address as a hint only */
+    munmap(p, size);
+    p = NULL;
+  }
+  return p;
+}
+
 bool os_make_writable(void *addr, size_t size) {
   uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(FM_PAGE_SIZE - 1);
   uintptr_t end = ((uintptr_t)addr + size + FM_PAGE_SIZE - 1) & ~(uintptr_t)(FM_PAGE_SIZE - 1);

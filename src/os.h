@@ -8,6 +8,7 @@
 void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
 void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
 void *os_reserve_readonly(size_t size);           /* zero pages, readable, no commit charge */
+void *os_reserve_readonly_at(void *addr, size_t size);   /* the same at addr, if free there */
 bool os_make_writable(void *addr, size_t size);
 void os_unmap(void *addr, size_t size);
 void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */

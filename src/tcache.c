@@ -450,7 +450,7 @@ static void free_slow(void *p, unsigned cls) {
 
 void tcache_free_miss(void *p) {
   int saved = errno;   /* free never changes errno, whatever its slow path meets */
-  free_slow(p, fm_unit_class(p));
+  free_slow(p, fm_unit_class_checked(p));   /* 0 for any pointer before set-up */
   errno = saved;
 }
 

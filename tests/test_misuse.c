@@ -1,12 +1,15 @@
 /* Misuse on purpose, each case in a forked child: a double free (small and large blocks),
  * free() of pointers fastmalloc never handed out, and of pointers into its spans that are
  * no block, must print one line starting "fastmalloc: " on stderr and abort. A control
- * child checks the harness itself. */
+ * child checks the harness itself. realloc and malloc_usable_size of a pointer that starts
+ * no block abort the same way. */
 #include "fm_test.h"
 
 #include <sys/mman.h>
 
-static void expect_abort(void (*fn)(void *), void *arg, const char *what) {
+/* The child must abort with one line "fastmalloc: <report> 0x...", whose report is
+ * `report` when that is not NULL. */
+static void expect_report(void (*fn)(void *), void *arg, const char *what, const char *report) {
   char err[2048];
   int status = fmt_run_child(fn, arg, 30, err, sizeof err);
   assert_true(status != -1);
@@ -17,6 +20,12 @@ static void expect_abort(void (*fn)(void *), void *arg, const char *what) {
   if (strncmp(err, "fastmalloc: ", 12) != 0) fail_msg("%s: stderr \"%s\"", what, err);
   const char *nl = strchr(err, '\n');
   if (!nl || nl[1]) fail_msg("%s: not exactly one line: \"%s\"", what, err);
+  if (report && (strncmp(err + 12, report, strlen(report)) != 0 || err[12 + strlen(report)] != ' '))
+    fail_msg("%s: stderr \"%s\", not the report \"%s\"", what, err, report);
+}
+
+static void expect_abort(void (*fn)(void *), void *arg, const char *what) {
+  expect_report(fn, arg, what, NULL);
 }
 
 static void valid_use(void *arg) {
@@ -77,6 +86,18 @@ static void free_span_tail(void *arg) {
   malloc_trim(0);
 }
 
+/* A pointer inside a block (small, a span of its own, or mapped) is no block to resize
+ * or measure. */
+static void realloc_interior(void *arg) {
+  char *p = malloc((uintptr_t)arg);
+  free(realloc(fmt_launder(p + 16), 40));
+}
+
+static void usable_size_interior(void *arg) {
+  char *p = malloc((uintptr_t)arg);
+  malloc_usable_size(fmt_launder(p + 16));
+}
+
 static void free_stack(void *arg) {
   char buf[256];
   memset(buf, 0, sizeof buf);
@@ -115,8 +136,10 @@ static void test_control_child_exits_cleanly(void **state) {
 static void test_double_free(void **state) {
   const size_t sizes[] = {16, 48, 100, 1024, 4000, 32768, 40000, 200000, 2 * FMT_MIB};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    expect_abort(double_free, (void *)(uintptr_t)sizes[i], "double free");
-    expect_abort(double_free_not_last, (void *)(uintptr_t)sizes[i], "double free, not last");
+    expect_report(double_free, (void *)(uintptr_t)sizes[i], "double free",
+                  "free(): double free detected");
+    expect_report(double_free_not_last, (void *)(uintptr_t)sizes[i], "double free, not last",
+                  "free(): double free detected");
   }
 }
 
@@ -124,6 +147,17 @@ static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
   expect_abort(double_free_after_write, NULL, "double free after a write");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
+}
+
+static void test_interior_pointers_measured(void **state) {
+  const size_t sizes[] = {64, 4000, 40000, 2 * FMT_MIB};
+  for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    expect_report(realloc_interior, (void *)(uintptr_t)sizes[i], "realloc of an interior pointer",
+                  "realloc(): invalid pointer");
+    expect_report(usable_size_interior, (void *)(uintptr_t)sizes[i],
+                  "malloc_usable_size of an interior pointer",
+                  "malloc_usable_size(): invalid pointer");
+  }
 }
 
 static void test_free_foreign(void **state) {
@@ -140,6 +174,7 @@ int main(void) {
       cmocka_unit_test(test_control_child_exits_cleanly),
       cmocka_unit_test(test_double_free),
       cmocka_unit_test(test_bad_blocks_given_back),
+      cmocka_unit_test(test_interior_pointers_measured),
       cmocka_unit_test(test_free_foreign),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
