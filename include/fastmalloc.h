@@ -26,7 +26,9 @@ void *fm_aligned_alloc(size_t alignment, size_t size);
 int fm_posix_memalign(void **out, size_t alignment, size_t size);
 size_t fm_malloc_usable_size(void *ptr);
 
-/* 1 when ptr is a live or cached block handed out by fastmalloc, else 0; never crashes. */
+/* 1 when ptr points into memory fastmalloc holds for blocks (a live or free block, or
+ * inside one), else 0; never crashes. A cheap "is this fastmalloc's?" test, not a
+ * validity check of ptr as a block. */
 int fm_owns(const void *ptr);
 
 /* Bytes currently mapped from the operating system by the allocator (chunks, large
