@@ -65,7 +65,8 @@ static large_hdr *header_of(const void *p) { return (large_hdr *)p - 1; }
 
 /* The header of live block p, or a fatal report naming the misuse. */
 static large_hdr *live_header(const void *p, const char *op) {
-  if (((uintptr_t)p & 15) || fm_unit_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
+  if (((uintptr_t)p & 15) ||
+      fm_unit_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
     os_fatal(op, p);
   large_hdr *h = header_of(p);
   if (h->check != ((uintptr_t)p ^ fm_mark)) {
