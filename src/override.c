@@ -44,7 +44,12 @@ static void *large_block(size_t size, size_t align, bool zero) {
   return p;
 }
 
-void *fm_malloc_large(size_t size) { return large_block(size, 0, false); }
+/* malloc beyond the thread cache's copy of the size table: a class from the global
+ * table, or a large block. */
+void *fm_malloc_untabled(size_t size) {
+  if (size > FM_SMALL_MAX) return large_block(size, 0, false);
+  return tcache_malloc_class(fm_size_class(size));
+}
 
 fm_api void *calloc(size_t count, size_t size) {
   size_t total;
