@@ -353,13 +353,12 @@ void arena_free_span_large(void *p) {
   fm_unlock(&arena->lock, threaded);
 }
 
-size_t arena_span_large_size(const void *p) { return span_bytes(span_of(p)); }
-
-bool arena_is_block_start(const void *p, unsigned cls) {
+size_t arena_block_usable_size(const void *p, unsigned cls) {
   const fm_span *span = span_of(p);
   uint32_t index;
-  if (span->cls != cls) return false;
-  return cls == FM_CLASS_SPAN_LARGE ? p == span->start : span_block_at(span, p, &index);
+  if (span->cls != cls) return 0;
+  if (cls == FM_CLASS_SPAN_LARGE) return p == span->start ? span_bytes(span) : 0;
+  return span_block_at(span, p, &index) ? fm_class_size[cls] : 0;
 }
 
 bool arena_block_is_free(void *p) {

@@ -40,11 +40,10 @@ void arena_free_blocks(void **blocks, size_t n);
 /* One block of size > FM_SMALL_MAX as a whole span, when it fits in a chunk; NULL else. */
 void *arena_alloc_span_large(fm_arena *arena, size_t size);
 void arena_free_span_large(void *p);
-size_t arena_span_large_size(const void *p);
-/* True when p starts a block of its span, whose unit-map class is cls (a small class or
- * FM_CLASS_SPAN_LARGE): an interior pointer is not one. Takes no lock: it reads what does
- * not change while the block is allocated. */
-bool arena_is_block_start(const void *p, unsigned cls);
+/* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class or
+ * FM_CLASS_SPAN_LARGE); 0 when p starts no block there (an interior pointer, say). Takes no
+ * lock: it reads what does not change while the block is allocated. */
+size_t arena_block_usable_size(const void *p, unsigned cls);
 
 /* True when small block p is free in its span (double-free confirmation). */
 bool arena_block_is_free(void *p);

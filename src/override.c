@@ -63,14 +63,13 @@ fm_api void *calloc(size_t count, size_t size) {
   return p;
 }
 
-/* Bytes usable in block p (non-NULL); fatal for a pointer that does not start a block of
- * ours. */
-static size_t usable_size(void *p, const char *op) {
-  unsigned cls = fm_unit_class_checked(p);
+/* Bytes usable in block p (non-NULL) of unit class cls (fm_unit_class_checked); fatal
+ * report op for a pointer that does not start a block of ours. */
+static size_t usable_size(void *p, unsigned cls, const char *op) {
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p, op);
-  if (cls && arena_is_block_start(p, cls))
-    return cls == FM_CLASS_SPAN_LARGE ? arena_span_large_size(p) : fm_class_size[cls];
-  os_fatal(op, p);
+  size_t usable = cls ? arena_block_usable_size(p, cls) : 0;
+  if (!usable) os_fatal(op, p);
+  return usable;
 }
 
 fm_api void *realloc(void *p, size_t size) {
@@ -79,8 +78,8 @@ fm_api void *realloc(void *p, size_t size) {
     tcache_free(p);
     return NULL;
   }
-  size_t old = usable_size(p, "realloc(): invalid pointer");
-  unsigned cls = fm_unit_class(p);
+  unsigned cls = fm_unit_class_checked(p);
+  size_t old = usable_size(p, cls, "realloc(): invalid pointer");
   /* Keep the block when the new size fits and wastes no more than half of it, or when no
    * smaller class would serve it. */
   if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == cls)))
@@ -145,7 +144,7 @@ fm_api void *pvalloc(size_t size) {
 }
 
 fm_api size_t malloc_usable_size(void *p) {
-  return p ? usable_size(p, "malloc_usable_size(): invalid pointer") : 0;
+  return p ? usable_size(p, fm_unit_class_checked(p), "malloc_usable_size(): invalid pointer") : 0;
 }
 
 fm_api int malloc_trim(size_t pad) { return tcache_trim() > 0; }
