@@ -285,13 +285,16 @@ void *large_realloc(void *p, size_t size) {
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;
   size_t need = round_unit(offset + size);
   if (need <= old) {
-    if (need < old / 2 && mapping_resize(base, old, need)) h->map_size = need;
+    /* (compared without the alignment's offset, which a 1 GiB alignment makes huge) */
+    if (need - offset < (old - offset) / 2 && mapping_resize(base, old, need)) h->map_size = need;
     return p;
   }
-  /* Grow with slack: a buffer grown in small steps then stays in place most times. */
+  /* Grow with slack, so a buffer grown in small steps stays in place most times; without
+   * it when address space is short (ulimit -v). */
   size_t grown = round_unit(need + need / 8);
   if (grown < need) grown = need;
   char *moved = mapping_resize(base, old, grown);
+  if (!moved && grown > need) moved = mapping_resize(base, old, grown = need);
   return moved ? place_block(moved, grown, offset) : NULL;
 }
 

@@ -8,6 +8,10 @@ fm_options_t fm_options = {
     .tcache_max_bytes = (size_t)4 << 20,
 };
 
+/* Longer delays mean "never" and count as this (about 35 years): the clock arithmetic on
+ * them cannot overflow. */
+#define PURGE_DELAY_MAX_MS ((uint64_t)1 << 40)
+
 /* "123", "64K", "2M", "1G": returns false on anything else. */
 static bool parse_size(const char *text, uint64_t *out) {
   if (!text || !*text) return false;
@@ -31,8 +35,8 @@ static bool parse_size(const char *text, uint64_t *out) {
 
 void fm_options_init(void) {
   uint64_t value;
-  if (parse_size(os_getenv("FASTMALLOC_PURGE_DELAY_MS"), &value) && value < UINT64_MAX / 1000000)
-    fm_options.purge_delay_ns = value * 1000000;
+  if (parse_size(os_getenv("FASTMALLOC_PURGE_DELAY_MS"), &value))
+    fm_options.purge_delay_ns = (value < PURGE_DELAY_MAX_MS ? value : PURGE_DELAY_MAX_MS) * 1000000;
   if (parse_size(os_getenv("FASTMALLOC_TCACHE_MAX"), &value)) fm_options.tcache_max_bytes = value;
   if (parse_size(os_getenv("FASTMALLOC_ARENAS"), &value) && value >= 1)
     fm_options.arenas = value < UINT32_MAX ? (unsigned)value : UINT32_MAX;   /* arenas cap it */

@@ -1,6 +1,8 @@
 /* Every call into the kernel: mappings, purging, time, randomness, futexes and the one
  * line printed on fatal misuse. Uses raw system calls or libc wrappers that never
- * allocate; keeps a count of mapped bytes for fm_mapped_bytes(). */
+ * allocate; keeps a count of mapped bytes for fm_mapped_bytes(). Every function keeps errno
+ * as it was, failing or not: callers decide what a failure means (malloc sets ENOMEM; a
+ * fallback that works leaves errno alone, as glibc's malloc does). */
 #include "os.h"
 #include "sync.h"
 
@@ -19,8 +21,16 @@ extern char **environ;
 
 static size_t os_mapped;   /* bytes mapped read-write, through fm_count_add */
 
+static void os_unmap_uncounted(void *addr, size_t size) {
+  int saved = errno;
+  munmap(addr, size);
+  errno = saved;
+}
+
 static void *os_mmap(void *hint, size_t size, int prot, int flags) {
+  int saved = errno;
   void *p = mmap(hint, size, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  errno = saved;
   return p == MAP_FAILED ? NULL : p;
 }
 
@@ -36,9 +46,9 @@ static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
   char *raw = os_mmap(NULL, size + align, prot, flags);
   if (!raw) return NULL;
   char *start = (char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
-  if (start > raw) munmap(raw, (size_t)(start - raw));
+  if (start > raw) os_unmap_uncounted(raw, (size_t)(start - raw));
   char *end = raw + size + align;
-  if (end > start + size) munmap(start + size, (size_t)(end - (start + size)));
+  if (end > start + size) os_unmap_uncounted(start + size, (size_t)(end - (start + size)));
   return start;
 }
 
@@ -57,7 +67,7 @@ void *os_reserve_readonly(size_t size) {
 void *os_reserve_readonly_at(void *addr, size_t size) {
   void *p = os_mmap(addr, size, PROT_READ, MAP_NORESERVE | MAP_FIXED_NOREPLACE);
   if (p && p != addr) {   /* a kernel before 4.17 takes the address as a hint only */
-    munmap(p, size);
+    os_unmap_uncounted(p, size);
     p = NULL;
   }
   return p;
@@ -66,15 +76,15 @@ void *os_reserve_readonly_at(void *addr, size_t size) {
 bool os_make_writable(void *addr, size_t size) {
   uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(FM_PAGE_SIZE - 1);
   uintptr_t end = ((uintptr_t)addr + size + FM_PAGE_SIZE - 1) & ~(uintptr_t)(FM_PAGE_SIZE - 1);
-  return mprotect((void *)start, end - start, PROT_READ | PROT_WRITE) == 0;
+  int saved = errno;
+  bool done = mprotect((void *)start, end - start, PROT_READ | PROT_WRITE) == 0;
+  errno = saved;
+  return done;
 }
 
-/* free() never changes errno, so the calls it can reach keep it. */
 void os_unmap(void *addr, size_t size) {
-  int saved = errno;
-  munmap(addr, size);
+  os_unmap_uncounted(addr, size);
   fm_count_add(&os_mapped, -size);
-  errno = saved;
 }
 
 void os_purge(void *addr, size_t size) {
@@ -84,7 +94,9 @@ void os_purge(void *addr, size_t size) {
 }
 
 void *os_remap(void *addr, size_t old_size, size_t new_size) {
+  int saved = errno;
   void *p = mremap(addr, old_size, new_size, 0);
+  errno = saved;
   if (p == MAP_FAILED) return NULL;
   fm_count_add(&os_mapped, new_size - old_size);   /* modular arithmetic: shrinking works too */
   return p;
@@ -94,9 +106,11 @@ bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
   /* Moving and growing at once leaves one mapping, so a later growth can happen in place;
    * the kernel checks the growth (RLIMIT_AS, a source split by mprotect) before it drops
    * dest, so on refusal the pages just move, without growing, onto dest's start. */
-  if (mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED &&
-      mremap(addr, old_size, old_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) == MAP_FAILED)
-    return false;
+  int saved = errno;
+  bool moved = mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) != MAP_FAILED ||
+               mremap(addr, old_size, old_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) != MAP_FAILED;
+  errno = saved;
+  if (!moved) return false;
   fm_count_add(&os_mapped, -old_size);   /* dest's range was counted when it was mapped */
   return true;
 }

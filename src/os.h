@@ -1,5 +1,5 @@
 /* The boundary to the kernel: every system call the allocator makes is behind these
- * functions, implemented in os.c. None of them allocates. */
+ * functions, implemented in os.c. None of them allocates or changes errno. */
 #ifndef FM_OS_H
 #define FM_OS_H
 

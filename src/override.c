@@ -34,11 +34,14 @@ static void *large_block(size_t size, size_t align, bool zero) {
   void *p = NULL;
   bool fresh = false;
   fm_arena *arena = tcache_arena();
-  if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(arena, size < align ? align : size);
-  if (!p) p = large_alloc(size, align, arena, &fresh);
-  if (!p) {
-    errno = ENOMEM;
-    return NULL;
+  /* Out of memory, once more after giving back all the memory held empty (malloc_trim). */
+  for (bool retried = false; !p; retried = true) {
+    if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(arena, size < align ? align : size);
+    if (!p) p = large_alloc(size, align, arena, &fresh);
+    if (!p && (retried || !tcache_trim())) {
+      errno = ENOMEM;
+      return NULL;
+    }
   }
   if (zero && !fresh) memset(p, 0, size);
   return p;
@@ -48,7 +51,7 @@ static void *large_block(size_t size, size_t align, bool zero) {
  * table, or a large block. */
 void *fm_malloc_untabled(size_t size) {
   if (size > FM_SMALL_MAX) return large_block(size, 0, false);
-  return tcache_malloc_class(fm_size_class(size));
+  return tcache_malloc_sized(fm_size_class(size), size);
 }
 
 fm_api void *calloc(size_t count, size_t size) {
@@ -88,8 +91,13 @@ fm_api void *realloc(void *p, size_t size) {
     void *resized = large_realloc(p, size);   /* mremap: no copy, either way */
     if (resized) return resized;
   }
+  int saved = errno;
   void *q = tcache_malloc(size);
-  if (!q) return NULL;
+  if (!q) {
+    if (size > old) return NULL;
+    errno = saved;   /* out of memory, a smaller block can still be this one */
+    return p;
+  }
   memcpy(q, p, size < old ? size : old);
   tcache_free(p);
   return q;

@@ -400,18 +400,22 @@ static void *arena_malloc_one(unsigned cls) {
 }
 
 /* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
- * one block straight from an arena. */
+ * one block straight from an arena. Out of memory, it tries once more after giving back
+ * all the memory held empty, as malloc_trim(0) does. */
 static void *malloc_slow(fm_tcache *tc, unsigned cls) {
-  void *block = NULL;
-  if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
-    if (fm_init()) block = arena_malloc_one(cls);
-  } else {
-    tcache_idle_sweep(tc);
-    /* A nested call (pthread_setspecific) may have filled the bin. */
-    if (tc->top[cls] != tc->low[cls] || tcache_refill(tc, cls)) return tcache_pop(cls, tc->top[cls]);
+  for (bool retried = false;; retried = true) {
+    if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
+      void *block = fm_init() ? arena_malloc_one(cls) : NULL;
+      if (block) return block;
+    } else {
+      tcache_idle_sweep(tc);
+      /* A nested call (pthread_setspecific) may have filled the bin. */
+      if (tc->top[cls] != tc->low[cls] || tcache_refill(tc, cls)) return tcache_pop(cls, tc->top[cls]);
+    }
+    if (retried || !tcache_trim()) break;
   }
-  if (!block) errno = ENOMEM;
-  return block;
+  errno = ENOMEM;
+  return NULL;
 }
 
 void *tcache_malloc_miss(size_t size) {

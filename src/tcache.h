@@ -88,12 +88,17 @@ static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintpt
   fm_tc.top[cls]++;
 }
 
-static fm_always_inline void *tcache_malloc(size_t size) {
-  if (fm_unlikely(size > FM_TABLED_MAX)) return fm_malloc_untabled(size);
-  size_t cls = fm_tc.class_of_granule[(size + 15) >> 4];
+/* A block of class cls, looked up for `size` in a size table. Before set-up the tables
+ * read class 0, whose bin is always empty: the miss then sets up and looks again. */
+static fm_always_inline void *tcache_malloc_sized(size_t cls, size_t size) {
   void **top = fm_tc.top[cls];
   if (fm_unlikely(top == fm_tc.low[cls])) return tcache_malloc_miss(size);
   return tcache_pop(cls, top);
+}
+
+static fm_always_inline void *tcache_malloc(size_t size) {
+  if (fm_unlikely(size > FM_TABLED_MAX)) return fm_malloc_untabled(size);
+  return tcache_malloc_sized(fm_tc.class_of_granule[(size + 15) >> 4], size);
 }
 
 /* A block of class cls, for requests that pick their class themselves (aligned ones). */

@@ -1,7 +1,9 @@
 /* Run under an address-space limit (ulimit -v 1000000) far smaller than the unit map's
  * usual 2 GiB reservation, so fastmalloc falls back to a windowed unit map. Small, span and
- * mapped blocks must all work there; a request beyond the limit must answer NULL with
- * ENOMEM; a stack pointer must not be taken for a block. Exit 0 on success. */
+ * mapped blocks must all work there, without touching errno; a request beyond the limit
+ * must answer NULL with ENOMEM; a stack pointer must not be taken for a block. Then the
+ * heap is filled up: a shrinking realloc must still work, and once everything is freed a
+ * big block must fit again. Exit 0 on success. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,7 +17,32 @@ static int fail(const char *what, size_t n) {
   return 1;
 }
 
+/* Fills the address space with small blocks, checks that shrinking realloc still works
+ * (it needs no memory), frees them all, and asks for a big block again. */
+static int exhaust_and_recover(void) {
+  static void *blocks[1 << 20];
+  char *large = malloc(200000);
+  if (!large) return fail("malloc", 200000);
+  size_t n = 0;
+  while (n < sizeof blocks / sizeof *blocks && (blocks[n] = malloc(1000))) n++;
+  if (n == sizeof blocks / sizeof *blocks) return fail("the heap never filled up", n);
+  if (errno != ENOMEM) return fail("malloc at the limit", 1000);
+  errno = 0;
+  if (realloc(blocks[0], 10) != blocks[0]) return fail("shrinking realloc at the limit", 10);
+  if (realloc(large, 100) != large) return fail("shrinking realloc at the limit", 100);
+  if (errno != 0) return fail("shrinking realloc at the limit set errno", 100);
+  for (size_t i = 0; i < n; i++) free(blocks[i]);
+  free(large);
+  size_t big = (size_t)512 << 20;   /* fits only if the freed heap's mappings went back */
+  char *p = malloc(big);
+  if (!p) return fail("malloc after freeing a full heap", big);
+  memset(p, 1, big);
+  free(p);
+  return 0;
+}
+
 int main(void) {
+  errno = 0;
   for (unsigned i = 0; i < 2000; i++) {
     size_t n = 16 + (size_t)i * 97 % 70000;   /* small classes, spans and mapped blocks */
     char *p = malloc(n);
@@ -27,6 +54,7 @@ int main(void) {
     if (q[n - 1] != (char)i) return fail("realloc lost the contents", n * 2);
     free(q);
   }
+  if (errno != 0) return fail("successful calls set errno", 0);
   size_t big = (size_t)256 << 20;   /* well inside the limit */
   char *p = malloc(big);
   if (!p) return fail("malloc", big);
@@ -37,6 +65,7 @@ int main(void) {
   if (malloc(too_big) || errno != ENOMEM) return fail("malloc over the limit", too_big);
   int local;
   if (fm_owns(&local)) return fail("fm_owns(stack pointer)", 0);
+  if (exhaust_and_recover()) return 1;
   puts("every request within the limit worked");
   return 0;
 }

@@ -1,6 +1,7 @@
 /* Linked with libfastmalloc.a by the static-link tests (fully static, and into a dynamic
  * executable): proves that its malloc and libc's internal allocations are fastmalloc's, in
- * the main thread, in a second thread and in a fork child. Exit 0 when all hold. */
+ * the main thread, in a second thread and in a fork child, and that the first calls work
+ * before any constructor has run (.preinit_array). Exit 0 when all hold. */
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <pthread.h>
@@ -22,12 +23,29 @@ static int failures;
     }                                                                     \
   } while (0)
 
+/* The process's first allocations, before fastmalloc's constructor: one of each path that
+ * finds a size class (through the thread cache's table, the global one, or by alignment). */
+static void *early[5];
+
+static void allocate_early(void) {
+  early[0] = malloc(2000);
+  early[1] = calloc(1, 4096);
+  early[2] = realloc(NULL, 30000);
+  early[3] = malloc(100);
+  if (posix_memalign(&early[4], 16, 3000) != 0) early[4] = NULL;
+}
+__attribute__((section(".preinit_array"), used)) static void (*const preinit)(void) = allocate_early;
+
 static void *thread_alloc(void *arg) {
   char *p = strdup("allocated in a thread");
   return p && fm_owns(p) ? p : NULL;
 }
 
 int main(void) {
+  for (int i = 0; i < 5; i++) {
+    EXPECT(early[i] && fm_owns(early[i]));
+    free(early[i]);
+  }
   void *p = malloc(100), *c = calloc(10, 10), *r = realloc(malloc(10), 100000);
   void *a = aligned_alloc(4096, 100), *pm = NULL;
   EXPECT(fm_owns(p) && fm_owns(c) && fm_owns(r) && fm_owns(a));

@@ -130,6 +130,46 @@ static void test_free_keeps_errno(void **state) {
 
 /* Every boundary size at once: owned, 16-aligned, usable >= n and writable, no overlap
  * (each pattern survives the others), usable size constant while the block lives. */
+/* A call that succeeds leaves errno alone, even when a first attempt inside failed: large
+ * blocks that cannot grow in place and move, a cached mapping resized for a new block. */
+static void test_success_keeps_errno(void **state) {
+  errno = 4242;
+  char *p = malloc(5 * FMT_MIB);
+  assert_non_null(p);
+  char *guard = malloc(5 * FMT_MIB);   /* likely right after p: p cannot grow in place */
+  assert_non_null(guard);
+  p[0] = 1;
+  p = realloc(p, 50 * FMT_MIB);
+  assert_non_null(p);
+  assert_int_equal(p[0], 1);
+  assert_int_equal(errno, 4242);
+  free(p);
+  char *small = malloc(2 * FMT_MIB);
+  free(small);
+  char *bigger = malloc(6 * FMT_MIB);   /* from the cached 2 MiB mapping, resized */
+  assert_non_null(bigger);
+  assert_int_equal(errno, 4242);
+  free(bigger);
+  free(guard);
+}
+
+/* realloc shrinking a block with a huge alignment gives its pages back: the alignment's
+ * offset into the mapping does not count as part of the block. */
+static void test_realloc_shrinks_aligned(void **state) {
+  size_t align = (size_t)256 << 20, size = 64 * FMT_MIB;
+  char *p = memalign(align, size);
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % align, 0);
+  memset(p, 7, size);
+  char *q = realloc(p, 40000);
+  assert_ptr_equal(q, p);
+  assert_int_equal(q[39999], 7);
+  if (malloc_usable_size(q) >= FMT_MIB)
+    fail_msg("usable size %zu after shrinking to 40000: the mapping kept its pages",
+             malloc_usable_size(q));
+  free(q);
+}
+
 static void test_malloc_boundaries(void **state) {
   void *p[3 * FMT_MAX_CLASSES + 8];
   size_t usable[3 * FMT_MAX_CLASSES + 8];
@@ -689,6 +729,8 @@ int main(void) {
       cmocka_unit_test(test_malloc_zero_unique),
       cmocka_unit_test(test_malloc_impossible),
       cmocka_unit_test(test_free_keeps_errno),
+      cmocka_unit_test(test_success_keeps_errno),
+      cmocka_unit_test(test_realloc_shrinks_aligned),
       cmocka_unit_test(test_malloc_boundaries),
       cmocka_unit_test(test_usable_size),
       cmocka_unit_test(test_calloc_zeroed),
