@@ -11,6 +11,7 @@ unsigned fm_arena_count = 1;
 static uint8_t span_units[FM_NUM_SPAN_CLASSES + 1];  /* span length per class */
 
 #define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
+#define FM_EMPTY_CHUNKS_KEPT 2        /* empty chunks an arena keeps mapped between ticks */
 
 void arena_init_all(void) {
   unsigned wanted = fm_options.arenas ? fm_options.arenas : os_cpu_count();
@@ -422,11 +423,15 @@ size_t arena_purge(fm_arena *arena, bool force) {
       for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
         released += span_purge_free_pages(partial);
   }
+  unsigned empty_kept = 0;
   for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {
     next = chunk->next;
-    if (chunk->free_units == FM_CHUNK_ALL_UNITS && force) {
-      /* Only trim unmaps empty chunks: munmap and mmap hold the kernel's mapping lock
-       * against every page fault of every thread; a purged chunk costs no RSS. */
+    /* Trim unmaps every empty chunk. A tick unmaps those beyond a small reserve once
+     * purged, so the address space of a heap that shrank goes back too, while a heap
+     * that breathes keeps a few: munmap and mmap hold the kernel's mapping lock against
+     * every page fault of every thread, and a purged chunk costs no RSS. */
+    bool empty = chunk->free_units == FM_CHUNK_ALL_UNITS;
+    if (empty && (force || (!chunk->dirty_units && empty_kept++ >= FM_EMPTY_CHUNKS_KEPT))) {
       LIST_REMOVE(&arena->chunks, chunk);
       released += (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
       fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);

@@ -65,6 +65,32 @@ static void test_trim_lowers_rss(void **state) {
     fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
 }
 
+/* Without malloc_trim, the chunks of a heap that was freed go back to the OS a few purge
+ * ticks later (all but a small reserve), once the thread cache, which still holds blocks
+ * from all over the heap, has shrunk: the program goes on allocating a little, so the
+ * cache's slow paths run its idle sweeps and the arena's purge ticks. A bound on progress,
+ * not a timing: it allows 100 purge delays. */
+static void test_freed_heap_unmapped_without_trim(void **state) {
+  enum { ROUND_BLOCKS = 4096 };
+  static void *blocks[ROUND_BLOCKS];
+  malloc_trim(0);
+  size_t mapped0 = fm_mapped_bytes();
+  size_t total = build_heap(0x22);
+  size_t mapped1 = fm_mapped_bytes();
+  free_heap_shuffled(3);
+  size_t mapped2 = mapped1;
+  for (int round = 0; round < 1000 && mapped2 > mapped0 + total / 4; round++) {
+    usleep(10 * 1000);
+    for (int i = 0; i < ROUND_BLOCKS; i++) assert_non_null(blocks[i] = malloc(3000));
+    for (int i = 0; i < ROUND_BLOCKS; i++) free(blocks[i]);
+    mapped2 = fm_mapped_bytes();
+  }
+  print_message("heap %zu: mapped %zu -> %zu -> %zu\n", total, mapped0, mapped1, mapped2);
+  if (mapped2 > mapped0 + total / 4)
+    fail_msg("10 s after freeing a %zu-byte heap, %zu bytes are mapped (%zu before it)", total,
+             mapped2, mapped0);
+}
+
 /* A heap built and freed by another thread, still alive, is purged by this one's trim. */
 static pthread_barrier_t phase;
 
@@ -228,6 +254,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_trim_lowers_rss),
+      cmocka_unit_test(test_freed_heap_unmapped_without_trim),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
       cmocka_unit_test(test_thread_churn_rss),
