@@ -132,6 +132,31 @@ static mapping cache_remove_fit(large_cache *c, size_t need) {
   return best < 0 ? (mapping){NULL, 0} : cache_remove(c, (unsigned)best);
 }
 
+/* Grows mapping base when the address space cannot hold old and new mapping at once
+ * (ulimit -v): the kernel moves and grows it wherever it likes, which needs room for the
+ * growth only, and the contents then slide to the first unit boundary inside it (a copy
+ * of old bytes). Returns the new start, or NULL with the mapping unchanged. */
+static char *mapping_move_tight(char *base, size_t old, size_t size) {
+  fm_unit_map_set(base, old, 0);
+  char *raw = os_remap_move(base, old, size + FM_UNIT_SIZE, NULL);
+  if (!raw) {
+    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
+    return NULL;
+  }
+  char *start = (char *)round_unit((uintptr_t)raw);
+  if (!fm_unit_map_set(start, size, FM_CLASS_MAPPED)) {   /* outside a windowed map */
+    if (!os_remap_move(raw, size + FM_UNIT_SIZE, old, base))
+      os_fatal("realloc(): cannot move a block back", base);
+    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
+    return NULL;
+  }
+  if (start > raw) memmove(start, raw, old);
+  size_t head = (size_t)(start - raw);
+  if (head) os_unmap(raw, head);
+  if (head < FM_UNIT_SIZE) os_unmap(start + size, FM_UNIT_SIZE - head);
+  return start;
+}
+
 /* Resizes mapping base (unit-map entries included) in place or by moving it to an
  * aligned place; returns its new start, or NULL with the mapping unchanged. Unit-map
  * entries of a range are cleared before the kernel gets the range back, since another
@@ -150,7 +175,7 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
   }
   /* Map the destination first, where a limit can refuse cleanly, then move the pages. */
   char *dest = os_map_aligned(size, FM_UNIT_SIZE);
-  if (!dest) return NULL;
+  if (!dest) return mapping_move_tight(base, old, size);
   if (!fm_unit_map_set(dest, size, FM_CLASS_MAPPED)) {
     os_unmap(dest, size);
     return NULL;

@@ -102,6 +102,15 @@ void *os_remap(void *addr, size_t old_size, size_t new_size) {
   return p;
 }
 
+void *os_remap_move(void *addr, size_t old_size, size_t new_size, void *dest) {
+  int saved = errno;
+  void *p = mremap(addr, old_size, new_size, MREMAP_MAYMOVE | (dest ? MREMAP_FIXED : 0), dest);
+  errno = saved;
+  if (p == MAP_FAILED) return NULL;
+  fm_count_add(&os_mapped, new_size - old_size);
+  return p;
+}
+
 bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
   /* Moving and growing at once leaves one mapping, so a later growth can happen in place;
    * the kernel checks the growth (RLIMIT_AS, a source split by mprotect) before it drops

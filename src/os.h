@@ -14,6 +14,9 @@ void os_unmap(void *addr, size_t size);
 void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */
 /* Grows or shrinks a mapping in place; NULL when it cannot. */
 void *os_remap(void *addr, size_t old_size, size_t new_size);
+/* Resizes a mapping and moves it wherever the kernel likes (dest NULL) or to dest, which
+ * must be free; needs address space only for the growth. NULL when it cannot. */
+void *os_remap_move(void *addr, size_t old_size, size_t new_size, void *dest);
 /* Moves a mapping of old_size bytes onto mapping dest (mapped with os_map*, new_size >=
  * old_size long); false only when the kernel refuses even a move without growth. */
 bool os_move(void *addr, size_t old_size, void *dest, size_t new_size);

@@ -3,12 +3,14 @@
  * mapped blocks must all work there, without touching errno; a request beyond the limit
  * must answer NULL with ENOMEM; a stack pointer must not be taken for a block. Then the
  * heap is filled up: a shrinking realloc must still work, and once everything is freed a
- * big block must fit again. Exit 0 on success. */
+ * big block must fit again. Last, a realloc that must move a block whose old and new size
+ * do not fit in the address space together. Exit 0 on success. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "fastmalloc.h"
 
@@ -41,6 +43,38 @@ static int exhaust_and_recover(void) {
   return 0;
 }
 
+/* Address space still free under the limit, from /proc/self/statm. */
+static size_t headroom(void) {
+  struct rlimit limit;
+  unsigned long pages = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f || fscanf(f, "%lu", &pages) != 1 || getrlimit(RLIMIT_AS, &limit) != 0) return 0;
+  fclose(f);
+  size_t used = pages * 4096;
+  return limit.rlim_cur > used ? limit.rlim_cur - used : 0;
+}
+
+/* Grows a block to 0.7 x the free address space from 0.4 x: it cannot grow in place (the
+ * mapping above it was there first), and old and new do not fit side by side, but the
+ * growth alone does, as with glibc's mremap. */
+static int realloc_moves_tightly(void) {
+  size_t room = headroom(), from = room / 10 * 4, to = room / 10 * 7;
+  if (room < ((size_t)100 << 20)) return fail("no room left to try", room);
+  unsigned char *p = malloc(from);
+  if (!p) return fail("malloc", from);
+  for (size_t i = 0; i < from; i += 4096) p[i] = (unsigned char)(i >> 12);
+  p[from - 1] = 0x5a;
+  errno = 0;
+  unsigned char *q = realloc(p, to);
+  if (!q) return fail("realloc without room for old and new together", to);
+  for (size_t i = 0; i < from; i += 4096)
+    if (q[i] != (unsigned char)(i >> 12)) return fail("realloc lost the contents", i);
+  if (q[from - 1] != 0x5a || errno != 0) return fail("realloc's tail or errno", from);
+  memset(q, 1, to);
+  free(q);
+  return 0;
+}
+
 int main(void) {
   errno = 0;
   for (unsigned i = 0; i < 2000; i++) {
@@ -65,7 +99,7 @@ int main(void) {
   if (malloc(too_big) || errno != ENOMEM) return fail("malloc over the limit", too_big);
   int local;
   if (fm_owns(&local)) return fail("fm_owns(stack pointer)", 0);
-  if (exhaust_and_recover()) return 1;
+  if (exhaust_and_recover() || realloc_moves_tightly()) return 1;
   puts("every request within the limit worked");
   return 0;
 }
