@@ -407,6 +407,33 @@ static size_t span_purge_free_pages(fm_span *span) {
   return released;
 }
 
+/* Unmaps an empty chunk; returns the bytes of it that were resident. */
+static size_t arena_delete_chunk(fm_arena *arena, fm_chunk *chunk) {
+  LIST_REMOVE(&arena->chunks, chunk);
+  size_t resident = (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
+  fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
+  chunk_delete(chunk);
+  return resident;
+}
+
+size_t arena_unmap_empty(fm_arena *arena) {
+  for (unsigned cls = 1; cls <= FM_CLASS_SPAN_LARGE; cls++) {
+    while (arena->empty[cls]) {
+      fm_span *span = arena->empty[cls];
+      kept_remove(arena, span);
+      arena_give_back_span(arena, span, false);
+    }
+  }
+  size_t unmapped = 0;
+  for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {
+    next = chunk->next;
+    if (chunk->free_units != FM_CHUNK_ALL_UNITS) continue;
+    arena_delete_chunk(arena, chunk);
+    unmapped += FM_CHUNK_SIZE;
+  }
+  return unmapped;
+}
+
 size_t arena_purge(fm_arena *arena, bool force) {
   size_t released = 0;
   for (unsigned cls = 1; cls <= FM_CLASS_SPAN_LARGE; cls++) {
@@ -432,10 +459,7 @@ size_t arena_purge(fm_arena *arena, bool force) {
      * every page fault of every thread, and a purged chunk costs no RSS. */
     bool empty = chunk->free_units == FM_CHUNK_ALL_UNITS;
     if (empty && (force || (!chunk->dirty_units && empty_kept++ >= FM_EMPTY_CHUNKS_KEPT))) {
-      LIST_REMOVE(&arena->chunks, chunk);
-      released += (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
-      fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
-      chunk_delete(chunk);
+      released += arena_delete_chunk(arena, chunk);
       continue;
     }
     released += chunk_purge(chunk, force);

@@ -52,6 +52,9 @@ bool arena_block_is_free(void *p);
  * partly used spans, when force; else what has stayed empty a whole purge delay.
  * Returns bytes released. */
 size_t arena_purge(fm_arena *arena, bool force);
+/* Out of address space: gives every kept span back to its chunk and unmaps every empty
+ * chunk, without purging anything; returns the bytes unmapped. Caller holds the lock. */
+size_t arena_unmap_empty(fm_arena *arena);
 
 void arena_lock_all(void);
 void arena_unlock_all(void);

@@ -34,11 +34,11 @@ static void *large_block(size_t size, size_t align, bool zero) {
   void *p = NULL;
   bool fresh = false;
   fm_arena *arena = tcache_arena();
-  /* Out of memory, once more after giving back all the memory held empty (malloc_trim). */
+  /* Out of memory, maybe once more after giving back the memory held empty. */
   for (bool retried = false; !p; retried = true) {
     if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(arena, size < align ? align : size);
     if (!p) p = large_alloc(size, align, arena, &fresh);
-    if (!p && (retried || !tcache_trim())) {
+    if (!p && (retried || !tcache_release_for_retry())) {
       errno = ENOMEM;
       return NULL;
     }

@@ -400,8 +400,8 @@ static void *arena_malloc_one(unsigned cls) {
 }
 
 /* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
- * one block straight from an arena. Out of memory, it tries once more after giving back
- * all the memory held empty, as malloc_trim(0) does. */
+ * one block straight from an arena. Out of memory, it may try once more (see
+ * tcache_release_for_retry). */
 static void *malloc_slow(fm_tcache *tc, unsigned cls) {
   for (bool retried = false;; retried = true) {
     if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
@@ -412,7 +412,7 @@ static void *malloc_slow(fm_tcache *tc, unsigned cls) {
       /* A nested call (pthread_setspecific) may have filled the bin. */
       if (tc->top[cls] != tc->low[cls] || tcache_refill(tc, cls)) return tcache_pop(cls, tc->top[cls]);
     }
-    if (retried || !tcache_trim()) break;
+    if (retried || !tcache_release_for_retry()) break;
   }
   errno = ENOMEM;
   return NULL;
@@ -456,6 +456,19 @@ void tcache_free_miss(void *p) {
   int saved = errno;   /* free never changes errno, whatever its slow path meets */
   free_slow(p, fm_unit_class_checked(p));   /* 0 for any pointer before set-up */
   errno = saved;
+}
+
+bool tcache_release_for_retry(void) {
+  if (!fm_init()) return false;
+  size_t released = large_trim() + pool_release();
+  if (fm_tc.state == FM_TCACHE_LIVE) tcache_flush_all(&fm_tc);
+  bool threaded = fm_threaded();
+  for (unsigned i = 0; i < fm_arena_count; i++) {
+    fm_lock(&fm_arenas[i].lock, threaded);
+    released += arena_unmap_empty(&fm_arenas[i]);
+    fm_unlock(&fm_arenas[i].lock, threaded);
+  }
+  return released > 0;
 }
 
 size_t tcache_trim(void) {
