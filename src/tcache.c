@@ -458,34 +458,30 @@ void tcache_free_miss(void *p) {
   errno = saved;
 }
 
-bool tcache_release_for_retry(void) {
-  if (!fm_init()) return false;
-  size_t released = large_trim() + pool_release();
-  if (fm_tc.state == FM_TCACHE_LIVE) tcache_flush_all(&fm_tc);
-  bool threaded = fm_threaded();
-  for (unsigned i = 0; i < fm_arena_count; i++) {
-    fm_lock(&fm_arenas[i].lock, threaded);
-    released += arena_unmap_empty(&fm_arenas[i]);
-    fm_unlock(&fm_arenas[i].lock, threaded);
-  }
-  return released > 0;
-}
-
-size_t tcache_trim(void) {
+/* Gives back what the heap holds empty: flushes the calling thread's cache, unmaps empty
+ * chunks, cached large mappings and finished threads' bins' arrays and, when purge
+ * (malloc_trim), purges every free page still resident too. The retry after a refused
+ * mapping wants address space, not RSS, and skips that slower part. Returns the bytes
+ * released. */
+static size_t release_held(bool purge) {
   if (!fm_init()) return 0;
   size_t released = large_trim() + pool_release();
   if (fm_tc.state == FM_TCACHE_LIVE) {
     tcache_flush_all(&fm_tc);
-    slots_purge(&fm_tc, fm_tc.slots);   /* bookkeeping, not counted as released heap */
+    if (purge) slots_purge(&fm_tc, fm_tc.slots);   /* bookkeeping, not counted as released heap */
   }
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
     fm_lock(&fm_arenas[i].lock, threaded);
-    released += arena_purge(&fm_arenas[i], true);
+    released += purge ? arena_purge(&fm_arenas[i], true) : arena_unmap_empty(&fm_arenas[i]);
     fm_unlock(&fm_arenas[i].lock, threaded);
   }
   return released;
 }
+
+size_t tcache_trim(void) { return release_held(true); }
+
+bool tcache_release_for_retry(void) { return release_held(false) > 0; }
 
 /* fork: take every allocator lock in a fixed order so the child sees a consistent heap.
  * A single-threaded parent holds no lock mid-operation, so nothing needs taking. */
