@@ -206,7 +206,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
 static void arena_tick(fm_arena *arena, uint64_t now) {
   arena->next_purge_ns = now + fm_options.purge_delay_ns;
   arena->purge_epoch++;
-  arena_purge(arena, false);
+  arena_purge(arena, FM_PURGE_STALE);
 }
 
 static void arena_purge_tick(fm_arena *arena) {
@@ -407,62 +407,41 @@ static size_t span_purge_free_pages(fm_span *span) {
   return released;
 }
 
-/* Unmaps an empty chunk; returns the bytes of it that were resident. */
-static size_t arena_delete_chunk(fm_arena *arena, fm_chunk *chunk) {
-  LIST_REMOVE(&arena->chunks, chunk);
-  size_t resident = (size_t)__builtin_popcountll(chunk->dirty_units) * FM_UNIT_SIZE;
-  fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
-  chunk_delete(chunk);
-  return resident;
-}
-
-size_t arena_unmap_empty(fm_arena *arena) {
-  for (unsigned cls = 1; cls <= FM_CLASS_SPAN_LARGE; cls++) {
-    while (arena->empty[cls]) {
-      fm_span *span = arena->empty[cls];
-      kept_remove(arena, span);
-      arena_give_back_span(arena, span, false);
-    }
-  }
-  size_t unmapped = 0;
-  for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {
-    next = chunk->next;
-    if (chunk->free_units != FM_CHUNK_ALL_UNITS) continue;
-    arena_delete_chunk(arena, chunk);
-    unmapped += FM_CHUNK_SIZE;
-  }
-  return unmapped;
-}
-
-size_t arena_purge(fm_arena *arena, bool force) {
+size_t arena_purge(fm_arena *arena, fm_purge how) {
+  bool all = how != FM_PURGE_STALE, pages = how != FM_UNMAP_EMPTY;
   size_t released = 0;
   for (unsigned cls = 1; cls <= FM_CLASS_SPAN_LARGE; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
       next = span->next;
-      if (force || span->empty_since + 2 <= arena->purge_epoch) {
+      if (all || span->empty_since + 2 <= arena->purge_epoch) {
         kept_remove(arena, span);
-        os_purge(span->start, span_bytes(span));
-        released += span_bytes(span);
-        arena_give_back_span(arena, span, true);
+        if (pages) {
+          os_purge(span->start, span_bytes(span));
+          released += span_bytes(span);
+        }
+        arena_give_back_span(arena, span, pages);
       }
     }
-    if (force && cls <= FM_NUM_SPAN_CLASSES)
+    if (how == FM_PURGE_ALL && cls <= FM_NUM_SPAN_CLASSES)
       for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
         released += span_purge_free_pages(partial);
   }
   unsigned empty_kept = 0;
   for (fm_chunk *chunk = arena->chunks, *next; chunk; chunk = next) {
     next = chunk->next;
-    /* Trim unmaps every empty chunk. A tick unmaps those beyond a small reserve once
-     * purged, so the address space of a heap that shrank goes back too, while a heap
-     * that breathes keeps a few: munmap and mmap hold the kernel's mapping lock against
-     * every page fault of every thread, and a purged chunk costs no RSS. */
+    /* Trim and the retry unmap every empty chunk. A tick unmaps those beyond a small
+     * reserve once purged, so the address space of a heap that shrank goes back too,
+     * while a heap that breathes keeps a few: munmap and mmap hold the kernel's mapping
+     * lock against every page fault of every thread, and a purged chunk costs no RSS. */
     bool empty = chunk->free_units == FM_CHUNK_ALL_UNITS;
-    if (empty && (force || (!chunk->dirty_units && empty_kept++ >= FM_EMPTY_CHUNKS_KEPT))) {
-      released += arena_delete_chunk(arena, chunk);
+    if (empty && (all || (!chunk->dirty_units && empty_kept++ >= FM_EMPTY_CHUNKS_KEPT))) {
+      LIST_REMOVE(&arena->chunks, chunk);
+      fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
+      chunk_delete(chunk);
+      released += FM_CHUNK_SIZE;
       continue;
     }
-    released += chunk_purge(chunk, force);
+    if (pages) released += chunk_purge(chunk, all);
   }
   return released;
 }

@@ -48,13 +48,13 @@ size_t arena_block_usable_size(const void *p, unsigned cls);
 /* True when small block p is free in its span (double-free confirmation). */
 bool arena_block_is_free(void *p);
 
-/* Returns the memory of empty spans to the OS: all of it, and the free pages inside
- * partly used spans, when force; else what has stayed empty a whole purge delay.
- * Returns bytes released. */
-size_t arena_purge(fm_arena *arena, bool force);
-/* Out of address space: gives every kept span back to its chunk and unmaps every empty
- * chunk, without purging anything; returns the bytes unmapped. Caller holds the lock. */
-size_t arena_unmap_empty(fm_arena *arena);
+/* How arena_purge gives memory back: what stayed empty a whole purge delay (a tick), or
+ * everything, with the free pages inside partly used spans too (malloc_trim), or, out of
+ * address space, every empty chunk unmapped and every kept span handed back to its
+ * chunk without purging a page. */
+typedef enum { FM_PURGE_STALE, FM_PURGE_ALL, FM_UNMAP_EMPTY } fm_purge;
+/* Returns bytes given back (purged or unmapped). Caller holds the arena's lock. */
+size_t arena_purge(fm_arena *arena, fm_purge how);
 
 void arena_lock_all(void);
 void arena_unlock_all(void);

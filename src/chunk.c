@@ -52,9 +52,11 @@ static bool unit_map_window(void) {
 }
 
 bool fm_unit_map_init(void) {
-  map_units = FM_UNIT_MAP_BYTES;
-  map_start = os_reserve_readonly(map_units);
-  if (!map_start && !unit_map_window()) return false;
+  map_start = os_reserve_readonly(FM_UNIT_MAP_BYTES);
+  if (map_start)
+    map_units = FM_UNIT_MAP_BYTES;
+  else if (!unit_map_window())
+    return false;
   /* The fast path indexes fm_unit_map by unit number: a window's base lies before it. */
   fm_unit_map = (const uint8_t *)((uintptr_t)map_start - map_first);
   return true;

@@ -93,21 +93,22 @@ void os_purge(void *addr, size_t size) {
   errno = saved;
 }
 
-void *os_remap(void *addr, size_t old_size, size_t new_size) {
+static void *os_mremap(void *addr, size_t old_size, size_t new_size, int flags, void *dest) {
   int saved = errno;
-  void *p = mremap(addr, old_size, new_size, 0);
+  void *p = mremap(addr, old_size, new_size, flags, dest);
   errno = saved;
-  if (p == MAP_FAILED) return NULL;
-  fm_count_add(&os_mapped, new_size - old_size);   /* modular arithmetic: shrinking works too */
+  return p == MAP_FAILED ? NULL : p;
+}
+
+void *os_remap(void *addr, size_t old_size, size_t new_size) {
+  void *p = os_mremap(addr, old_size, new_size, 0, NULL);
+  if (p) fm_count_add(&os_mapped, new_size - old_size);   /* modular: shrinking works too */
   return p;
 }
 
 void *os_remap_move(void *addr, size_t old_size, size_t new_size, void *dest) {
-  int saved = errno;
-  void *p = mremap(addr, old_size, new_size, MREMAP_MAYMOVE | (dest ? MREMAP_FIXED : 0), dest);
-  errno = saved;
-  if (p == MAP_FAILED) return NULL;
-  fm_count_add(&os_mapped, new_size - old_size);
+  void *p = os_mremap(addr, old_size, new_size, MREMAP_MAYMOVE | (dest ? MREMAP_FIXED : 0), dest);
+  if (p) fm_count_add(&os_mapped, new_size - old_size);
   return p;
 }
 
@@ -115,11 +116,10 @@ bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
   /* Moving and growing at once leaves one mapping, so a later growth can happen in place;
    * the kernel checks the growth (RLIMIT_AS, a source split by mprotect) before it drops
    * dest, so on refusal the pages just move, without growing, onto dest's start. */
-  int saved = errno;
-  bool moved = mremap(addr, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) != MAP_FAILED ||
-               mremap(addr, old_size, old_size, MREMAP_MAYMOVE | MREMAP_FIXED, dest) != MAP_FAILED;
-  errno = saved;
-  if (!moved) return false;
+  int flags = MREMAP_MAYMOVE | MREMAP_FIXED;
+  if (!os_mremap(addr, old_size, new_size, flags, dest) &&
+      !os_mremap(addr, old_size, old_size, flags, dest))
+    return false;
   fm_count_add(&os_mapped, -old_size);   /* dest's range was counted when it was mapped */
   return true;
 }

@@ -51,7 +51,7 @@ static void *large_block(size_t size, size_t align, bool zero) {
  * table, or a large block. */
 void *fm_malloc_untabled(size_t size) {
   if (size > FM_SMALL_MAX) return large_block(size, 0, false);
-  return tcache_malloc_sized(fm_size_class(size), size);
+  return tcache_malloc_class(fm_size_class(size), size, true);
 }
 
 fm_api void *calloc(size_t count, size_t size) {
@@ -117,7 +117,7 @@ fm_api void *reallocarray(void *p, size_t count, size_t size) {
 static void *aligned_block(size_t align, size_t size) {
   if (align <= 16) return tcache_malloc(size);
   unsigned cls = fm_size_class_aligned(size, align);
-  if (cls) return tcache_malloc_class(cls);
+  if (cls) return tcache_malloc_class(cls, size, false);
   return large_block(size, align, false);
 }
 

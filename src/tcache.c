@@ -418,12 +418,10 @@ static void *malloc_slow(fm_tcache *tc, unsigned cls) {
   return NULL;
 }
 
-void *tcache_malloc_miss(size_t size) {
+void *tcache_malloc_miss(size_t size, unsigned cls) {
   fm_tcache *tc = tcache_current();
-  return malloc_slow(tc, fm_size_class(size));   /* the table is filled now */
+  return malloc_slow(tc, cls ? cls : fm_size_class(size));   /* the table is filled now */
 }
-
-void *tcache_malloc_class_miss(unsigned cls) { return malloc_slow(tcache_current(), cls); }
 
 static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   for (void **b = tc->low[cls]; b < tc->top[cls]; b++)
@@ -473,7 +471,7 @@ static size_t release_held(bool purge) {
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
     fm_lock(&fm_arenas[i].lock, threaded);
-    released += purge ? arena_purge(&fm_arenas[i], true) : arena_unmap_empty(&fm_arenas[i]);
+    released += arena_purge(&fm_arenas[i], purge ? FM_PURGE_ALL : FM_UNMAP_EMPTY);
     fm_unlock(&fm_arenas[i].lock, threaded);
   }
   return released;

@@ -51,8 +51,7 @@ typedef struct fm_tcache {
 extern fm_hidden __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
 
 /* Never inlined (not even under LTO): the fast paths tail-call them. */
-fm_noinline void *tcache_malloc_miss(size_t size);
-fm_noinline void *tcache_malloc_class_miss(unsigned cls);
+fm_noinline void *tcache_malloc_miss(size_t size, unsigned cls);   /* cls 0: by size */
 fm_noinline void tcache_free_miss(void *p);
 fm_noinline void *fm_malloc_untabled(size_t size);   /* size > FM_TABLED_MAX */
 
@@ -88,24 +87,18 @@ static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintpt
   fm_tc.top[cls]++;
 }
 
-/* A block of class cls, looked up for `size` in a size table. Before set-up the tables
- * read class 0, whose bin is always empty: the miss then sets up and looks again. */
-static fm_always_inline void *tcache_malloc_sized(size_t cls, size_t size) {
+/* A block of class cls for a request of `size` bytes. A class from a size table
+ * (by_size) is looked up again by size on a miss, after set-up: before it, the tables
+ * read class 0, whose bin is always empty. Aligned requests pick their class otherwise. */
+static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool by_size) {
   void **top = fm_tc.top[cls];
-  if (fm_unlikely(top == fm_tc.low[cls])) return tcache_malloc_miss(size);
+  if (fm_unlikely(top == fm_tc.low[cls])) return tcache_malloc_miss(size, by_size ? 0 : (unsigned)cls);
   return tcache_pop(cls, top);
 }
 
 static fm_always_inline void *tcache_malloc(size_t size) {
   if (fm_unlikely(size > FM_TABLED_MAX)) return fm_malloc_untabled(size);
-  return tcache_malloc_sized(fm_tc.class_of_granule[(size + 15) >> 4], size);
-}
-
-/* A block of class cls, for requests that pick their class themselves (aligned ones). */
-static fm_always_inline void *tcache_malloc_class(size_t cls) {
-  void **top = fm_tc.top[cls];
-  if (fm_unlikely(top == fm_tc.low[cls])) return tcache_malloc_class_miss((unsigned)cls);
-  return tcache_pop(cls, top);
+  return tcache_malloc_class(fm_tc.class_of_granule[(size + 15) >> 4], size, true);
 }
 
 static fm_always_inline void tcache_free(void *p) {
