@@ -40,9 +40,15 @@ void *os_map(size_t size) {
   return p;
 }
 
-/* Over-maps by the alignment, then trims both ends: at most three system calls. */
+/* The kernel places mappings top-down, below the lowest one, usually one of ours: a
+ * mapping of a multiple of the alignment then comes out aligned, in one system call.
+ * Else it over-maps by the alignment and trims both ends: four calls in all. (Each call
+ * takes the process's mapping lock, which every thread's page faults wait for.) */
 static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
   if (size + align < size) return NULL;
+  char *p = os_mmap(NULL, size, prot, flags);
+  if (!p || ((uintptr_t)p & (align - 1)) == 0) return p;
+  os_unmap_uncounted(p, size);
   char *raw = os_mmap(NULL, size + align, prot, flags);
   if (!raw) return NULL;
   char *start = (char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));

@@ -300,8 +300,13 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
 }
 
 static bool tcache_refill(fm_tcache *tc, unsigned cls) {
-  /* slow start: a bin that keeps missing grows */
-  if (tc->activity[cls] & BIN_REFILLED) tcache_grow(tc, cls);
+  /* Slow start: a bin that keeps missing grows, up to two full refills. Beyond that a
+   * larger limit makes no refill larger; it would only spend the process-wide budget
+   * (a producer thread, which never frees, kept growing its bins until the budget ran
+   * out, and then other threads' bins refilled one or two blocks at a time). A bin that
+   * also takes frees grows further when they overflow it. */
+  if ((tc->activity[cls] & BIN_REFILLED) && bin_limit(tc, cls) < 2 * (int32_t)refill_max[cls])
+    tcache_grow(tc, cls);
   unsigned want = (unsigned)(bin_limit(tc, cls) + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
   unsigned got = arena_alloc_batch(tc->arena, cls, want, tc->low[cls]);
