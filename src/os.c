@@ -42,8 +42,9 @@ void *os_map(size_t size) {
 
 /* The kernel places mappings top-down, below the lowest one, usually one of ours: a
  * mapping of a multiple of the alignment then comes out aligned, in one system call.
- * Else it over-maps by the alignment and trims both ends: four calls in all. (Each call
- * takes the process's mapping lock, which every thread's page faults wait for.) */
+ * Else it unmaps that, over-maps by the alignment and trims both ends: up to five calls.
+ * (Each call takes the process's mapping lock, which other threads' mapping calls wait
+ * for.) */
 static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
   if (size + align < size) return NULL;
   char *p = os_mmap(NULL, size, prot, flags);
