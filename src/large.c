@@ -319,7 +319,10 @@ void *large_realloc(void *p, size_t size) {
   size_t grown = round_unit(need + need / 8);
   if (grown < need) grown = need;
   char *moved = mapping_resize(base, old, grown);
-  if (!moved && grown > need) moved = mapping_resize(base, old, grown = need);
+  if (!moved && grown > need) {
+    grown = need;
+    moved = mapping_resize(base, old, grown);
+  }
   return moved ? place_block(moved, grown, offset) : NULL;
 }
 

@@ -6,6 +6,7 @@
  * big block must fit again. Last, a realloc that must move a block whose old and new size
  * do not fit in the address space together. Exit 0 on success. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,8 +49,10 @@ static size_t headroom(void) {
   struct rlimit limit;
   unsigned long pages = 0;
   FILE *f = fopen("/proc/self/statm", "r");
-  if (!f || fscanf(f, "%lu", &pages) != 1 || getrlimit(RLIMIT_AS, &limit) != 0) return 0;
+  if (!f) return 0;
+  bool read = fscanf(f, "%lu", &pages) == 1;
   fclose(f);
+  if (!read || getrlimit(RLIMIT_AS, &limit) != 0) return 0;
   size_t used = pages * 4096;
   return limit.rlim_cur > used ? limit.rlim_cur - used : 0;
 }

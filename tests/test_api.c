@@ -128,8 +128,6 @@ static void test_free_keeps_errno(void **state) {
   free(blocks);
 }
 
-/* Every boundary size at once: owned, 16-aligned, usable >= n and writable, no overlap
- * (each pattern survives the others), usable size constant while the block lives. */
 /* A call that succeeds leaves errno alone, even when a first attempt inside failed: large
  * blocks that cannot grow in place and move, a cached mapping resized for a new block. */
 static void test_success_keeps_errno(void **state) {
@@ -170,6 +168,8 @@ static void test_realloc_shrinks_aligned(void **state) {
   free(q);
 }
 
+/* Every boundary size at once: owned, 16-aligned, usable >= n and writable, no overlap
+ * (each pattern survives the others), usable size constant while the block lives. */
 static void test_malloc_boundaries(void **state) {
   void *p[3 * FMT_MAX_CLASSES + 8];
   size_t usable[3 * FMT_MAX_CLASSES + 8];
