@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (Debian packages, when root and missing),
 # builds fastmalloc in Release with its tests, and runs them all with ctest; then the same for
-# the build without the double-free mark (-DFM_FREE_MARK=OFF), in <build-dir>-no-mark.
+# the build without the double-free mark (-DFM_FREE_MARK=OFF), in <build-dir>-no-mark, and
+# for the Debug build, whose assertions check the allocator's invariants, in <build-dir>-debug.
 # Usage: tests/run-tests.sh [build-dir]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,3 +38,8 @@ cmake -S . -B "$build-no-mark" -DCMAKE_BUILD_TYPE=Release -DFASTMALLOC_BUILD_TES
   -DFASTMALLOC_BUILD_BENCH=OFF -DFM_FREE_MARK=OFF >/dev/null
 cmake --build "$build-no-mark" -j"$(nproc)"
 ctest --test-dir "$build-no-mark" --output-on-failure --no-tests=error -j2
+
+cmake -S . -B "$build-debug" -DCMAKE_BUILD_TYPE=Debug -DFASTMALLOC_BUILD_TESTS=ON \
+  -DFASTMALLOC_BUILD_BENCH=OFF >/dev/null
+cmake --build "$build-debug" -j"$(nproc)"
+ctest --test-dir "$build-debug" --output-on-failure --no-tests=error -j2
