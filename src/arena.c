@@ -259,6 +259,13 @@ static bool span_block_at(const fm_span *span, const void *p, uint32_t *index) {
          block_at(offset, span->index_magic, span->block_size, index);
 }
 
+/* Index of block p in its small-class span, or a fatal report if p is not a block. */
+static uint32_t span_block_index(const fm_span *span, const void *p) {
+  uint32_t index;
+  if (fm_unlikely(!span_block_at(span, p, &index))) os_fatal("free(): invalid pointer", p);
+  return index;
+}
+
 /* Sets bit `bit` of *word and says whether it was set already: one bts, where C would
  * build the mask, test and or it (this runs once for every block a cache gives back). */
 static fm_always_inline bool bit_test_and_set(uint64_t *word, uint32_t bit) {
@@ -353,6 +360,17 @@ size_t arena_block_usable_size(const void *p, unsigned cls) {
   if (span->cls != cls) return 0;
   if (cls == FM_CLASS_SPAN_LARGE) return p == span->start ? span_bytes(span) : 0;
   return span_block_at(span, p, &index) ? fm_class_size[cls] : 0;
+}
+
+bool arena_block_is_free(void *p) {
+  fm_span *span = span_of(p);
+  fm_arena *arena = span->arena;
+  bool threaded = fm_threaded();
+  fm_lock(&arena->lock, threaded);
+  uint32_t index = span_block_index(span, p);
+  bool is_free = span_free_bits(span)[index / 64] >> (index % 64) & 1;
+  fm_unlock(&arena->lock, threaded);
+  return is_free;
 }
 
 /* True when blocks first..last (inclusive) of the span are all free. */

@@ -45,6 +45,9 @@ void arena_free_span_large(void *p);
  * lock: it reads what does not change while the block is allocated. */
 size_t arena_block_usable_size(const void *p, unsigned cls);
 
+/* True when small block p is free in its span (double-free confirmation). */
+bool arena_block_is_free(void *p);
+
 /* How arena_purge gives memory back: what stayed empty a whole purge delay (a tick), or
  * everything, with the free pages inside partly used spans too (malloc_trim), or, out of
  * address space, every empty chunk unmapped and every kept span handed back to its

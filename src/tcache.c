@@ -428,6 +428,12 @@ void *tcache_malloc_miss(size_t size, unsigned cls) {
   return malloc_slow(tc, cls ? cls : fm_size_class(size));   /* the table is filled now */
 }
 
+static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
+  for (void **b = tc->low[cls]; b < tc->top[cls]; b++)
+    if (*b == p) return true;
+  return false;
+}
+
 static void free_slow(void *p, unsigned cls) {
   if (cls == 0) {
     if (p) os_fatal("free(): invalid pointer", p);
@@ -436,12 +442,14 @@ static void free_slow(void *p, unsigned cls) {
   if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
   if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
-  /* A freed block keeps the mark until a malloc hands it out again (every malloc path
-   * clears it), wherever the block went meanwhile: this thread's bin, its span, or another
-   * thread's cache, which no search could reach. A live block holds it only if its data
-   * matches the random key. So the mark alone is the report. */
-  if (mark_found(p, fm_mark)) os_fatal("free(): double free detected", p);
   fm_tcache *tc = tcache_current();
+  /* The mark alone is not proof: recycled memory holds old marks wherever blocks of another
+   * layout started, and a program may legally copy such uninitialized bytes into a live
+   * block's second word (gcc does, when built under LD_PRELOAD). So a double free is
+   * reported only when the block is in this thread's bin or free in its span. */
+  if (mark_found(p, fm_mark) &&
+      ((tc->state != FM_TCACHE_DEAD && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
+    os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
     arena_free_blocks(&p, 1);
     return;

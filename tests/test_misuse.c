@@ -5,8 +5,6 @@
  * no block abort the same way. */
 #include "fm_test.h"
 
-#include <pthread.h>
-#include <semaphore.h>
 #include <sys/mman.h>
 
 /* The child must abort with one line "fastmalloc: <report> 0x...", whose report is
@@ -58,34 +56,6 @@ static void double_free_not_last(void *arg) {
   free(p);
   free(q);
   free(fmt_launder(p));
-  after_double_free();
-}
-
-/* The first free() happens in another thread, whose cache still holds the block when this
- * thread frees it again: the mark must be enough, as no search can reach that cache. */
-struct cross_free {
-  void *p;
-  sem_t freed, done;
-};
-
-static void *free_then_wait(void *arg) {
-  struct cross_free *x = arg;
-  free(x->p);
-  sem_post(&x->freed);
-  sem_wait(&x->done);
-  return NULL;   /* its exit gives its cache back */
-}
-
-static void double_free_across_threads(void *arg) {
-  struct cross_free x = {.p = malloc((uintptr_t)arg)};
-  pthread_t t;
-  if (sem_init(&x.freed, 0, 0) || sem_init(&x.done, 0, 0) ||
-      pthread_create(&t, NULL, free_then_wait, &x))
-    _exit(90);
-  sem_wait(&x.freed);
-  free(fmt_launder(x.p));
-  sem_post(&x.done);
-  pthread_join(t, NULL);
   after_double_free();
 }
 
@@ -170,8 +140,6 @@ static void test_double_free(void **state) {
                   "free(): double free detected");
     expect_report(double_free_not_last, (void *)(uintptr_t)sizes[i], "double free, not last",
                   "free(): double free detected");
-    expect_report(double_free_across_threads, (void *)(uintptr_t)sizes[i],
-                  "double free, the first in another thread", "free(): double free detected");
   }
 }
 
