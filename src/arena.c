@@ -3,6 +3,7 @@
  * Every entry point takes the arena lock itself (skipped while single-threaded). */
 #include "arena.h"
 
+#include "large.h"
 #include "options.h"
 
 fm_arena fm_arenas[FM_MAX_ARENAS];
@@ -209,10 +210,12 @@ static void arena_tick(fm_arena *arena, uint64_t now) {
   arena_purge(arena, FM_PURGE_STALE);
 }
 
-static void arena_purge_tick(fm_arena *arena) {
-  if (++arena->frees % 64) return;
+/* True when a tick ran: the caller then expires the cache of freed large mappings too,
+ * once it has released the lock (munmap waits for the kernel's mapping lock). */
+static bool arena_purge_tick(fm_arena *arena) {
+  if (++arena->frees % 64) return false;
   uint64_t now = os_now_ns();
-  if (now < arena->next_purge_ns) return;
+  if (now < arena->next_purge_ns) return false;
   arena_tick(arena, now);
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
@@ -222,6 +225,7 @@ static void arena_purge_tick(fm_arena *arena) {
     arena_tick(idle, now);
     fm_unlock(&idle->lock, threaded);
   }
+  return true;
 }
 
 /* An empty span stays with its class for a purge tick (up to 4 MiB a class, 16 spans of
@@ -320,8 +324,9 @@ void arena_free_blocks(void **blocks, size_t n) {
       if (span->arena == arena) i += span_return_run(arena, span, blocks + i, n - i);
       else blocks[pending++] = blocks[i++];
     }
-    arena_purge_tick(arena);
+    bool ticked = arena_purge_tick(arena);
     fm_unlock(&arena->lock, threaded);
+    if (ticked) large_expire(false);
     n = pending;
   }
 }
@@ -350,8 +355,9 @@ void arena_free_span_large(void *p) {
              p);
   span->used = 0;
   arena_span_emptied(arena, span);
-  arena_purge_tick(arena);
+  bool ticked = arena_purge_tick(arena);
   fm_unlock(&arena->lock, threaded);
+  if (ticked) large_expire(false);
 }
 
 size_t arena_block_usable_size(const void *p, unsigned cls) {
@@ -442,6 +448,13 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
       continue;
     }
     if (pages) released += chunk_purge(chunk, all);
+  }
+  /* Out of address space, the chunks mapped ahead go too: an arena can hold seven unused
+   * (28 MiB) that another request could use. */
+  if (how == FM_UNMAP_EMPTY && arena->reserve != arena->reserve_end) {
+    os_unmap(arena->reserve, (size_t)(arena->reserve_end - arena->reserve));
+    released += (size_t)(arena->reserve_end - arena->reserve);
+    arena->reserve = arena->reserve_end = NULL;
   }
   return released;
 }

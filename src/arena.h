@@ -51,7 +51,7 @@ bool arena_block_is_free(void *p);
 /* How arena_purge gives memory back: what stayed empty a whole purge delay (a tick), or
  * everything, with the free pages inside partly used spans too (malloc_trim), or, out of
  * address space, every empty chunk unmapped and every kept span handed back to its
- * chunk without purging a page. */
+ * chunk without purging a page, and the chunks mapped ahead unmapped. */
 typedef enum { FM_PURGE_STALE, FM_PURGE_ALL, FM_UNMAP_EMPTY } fm_purge;
 /* Returns bytes given back (purged or unmapped). Caller holds the arena's lock. */
 size_t arena_purge(fm_arena *arena, fm_purge how);

@@ -326,14 +326,17 @@ void *large_realloc(void *p, size_t size) {
   return moved ? place_block(moved, grown, offset) : NULL;
 }
 
-size_t large_trim(void) {
+size_t large_expire(bool all) {
   bool threaded = fm_threaded();
   size_t released = 0;
   for (unsigned i = 0; i < fm_arena_count; i++) {
+    large_cache *c = &caches[i];
     evicted old = {.n = 0};
-    fm_lock(&caches[i].lock, threaded);
-    cache_expire(&caches[i], true, &old);
-    fm_unlock(&caches[i].lock, threaded);
+    if (all) fm_lock(&c->lock, threaded);
+    else if (!__atomic_load_n(&c->bytes, __ATOMIC_RELAXED) || !fm_trylock(&c->lock, threaded))
+      continue;
+    cache_expire(c, all, &old);
+    fm_unlock(&c->lock, threaded);
     released += unmap_evicted(&old);
   }
   return released;

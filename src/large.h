@@ -15,7 +15,10 @@ void large_free(void *p, const fm_arena *arena);
 size_t large_usable_size(const void *p, const char *op);
 /* Resizes in place or moves with mremap; NULL (p untouched) when that cannot be done. */
 void *large_realloc(void *p, size_t size);
-size_t large_trim(void);
+/* Unmaps the cached mappings freed longer ago than the purge delay, skipping a cache whose
+ * lock is busy; all: every cached mapping, waiting for each lock (malloc_trim, out of
+ * memory). Returns the bytes unmapped. */
+size_t large_expire(bool all);
 
 void large_lock_all(void);
 void large_unlock_all(void);

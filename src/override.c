@@ -27,7 +27,10 @@ fm_api FM_HOT_ENTRY void free(void *p) { tcache_free(p); }
  * two, 0 for none): a chunk span (64 KiB aligned) up to 1 MiB, else a mapping of its own.
  * zero: the caller wants it zeroed (fresh mappings already are). */
 static void *large_block(size_t size, size_t align, bool zero) {
-  if (size > PTRDIFF_MAX || !fm_init()) {
+  /* No mapping spans the whole user address space: NULL at once, without the retry's
+   * flushes and unmaps. */
+  size_t space = (size_t)1 << FM_ADDRESS_BITS;
+  if (size >= space || align >= space || !fm_init()) {
     errno = ENOMEM;
     return NULL;
   }

@@ -468,11 +468,11 @@ void tcache_free_miss(void *p) {
 /* Gives back what the heap holds empty: flushes the calling thread's cache, unmaps empty
  * chunks, cached large mappings and finished threads' bins' arrays and, when purge
  * (malloc_trim), purges every free page still resident too. The retry after a refused
- * mapping wants address space, not RSS, and skips that slower part. Returns the bytes
- * released. */
+ * mapping wants address space, not RSS: it skips that slower part, and unmaps the chunks
+ * mapped ahead instead. Returns the bytes released. */
 static size_t release_held(bool purge) {
   if (!fm_init()) return 0;
-  size_t released = large_trim() + pool_release();
+  size_t released = large_expire(true) + pool_release();
   if (fm_tc.state == FM_TCACHE_LIVE) {
     tcache_flush_all(&fm_tc);
     if (purge) slots_purge(&fm_tc, fm_tc.slots);   /* bookkeeping, not counted as released heap */

@@ -3,9 +3,13 @@
  * mapped blocks must all work there, without touching errno; a request beyond the limit
  * must answer NULL with ENOMEM; a stack pointer must not be taken for a block. Then the
  * heap is filled up: a shrinking realloc must still work, and once everything is freed a
- * big block must fit again. Last, a realloc that must move a block whose old and new size
- * do not fit in the address space together. Exit 0 on success. */
+ * big block must fit again. Threads on arenas of their own map chunks ahead, which a
+ * request that needs their address space must get once the threads are gone. Last, a
+ * realloc that must move a block whose old and new size do not fit in the address space
+ * together. Exit 0 on success. */
 #include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +61,37 @@ static size_t headroom(void) {
   return limit.rlim_cur > used ? limit.rlim_cur - used : 0;
 }
 
+/* Each thread allocates while all of them are alive, so they spread over the arenas;
+ * an arena maps its chunks several at a time, keeping the rest for its next chunks. */
+enum { SPREAD_THREADS = 8 };
+static pthread_barrier_t all_allocated;
+
+static void *allocate_in_own_arena(void *arg) {
+  void *p = malloc(100);
+  pthread_barrier_wait(&all_allocated);
+  free(p);
+  return arg;
+}
+
+static int arenas_given_back(void) {
+  pthread_t t[SPREAD_THREADS];
+  if (pthread_barrier_init(&all_allocated, NULL, SPREAD_THREADS)) return fail("barrier", 0);
+  for (int i = 0; i < SPREAD_THREADS; i++)
+    if (pthread_create(&t[i], NULL, allocate_in_own_arena, NULL)) return fail("thread", 0);
+  for (int i = 0; i < SPREAD_THREADS; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&all_allocated);
+  malloc_trim(0);   /* nothing is allocated: what stays mapped is mostly chunks mapped ahead */
+  size_t held = fm_mapped_bytes(), big = headroom() + held / 2;
+  char *p = malloc(big);
+  if (!p) {
+    printf("FAIL: malloc(%zu) with %zu bytes of address space free and %zu held\n", big,
+           headroom(), held);
+    return 1;
+  }
+  free(p);
+  return 0;
+}
+
 /* Grows a block to 0.7 x the free address space from 0.4 x: it cannot grow in place (the
  * mapping above it was there first), and old and new do not fit side by side, but the
  * growth alone does, as with glibc's mremap. */
@@ -102,7 +137,7 @@ int main(void) {
   if (malloc(too_big) || errno != ENOMEM) return fail("malloc over the limit", too_big);
   int local;
   if (fm_owns(&local)) return fail("fm_owns(stack pointer)", 0);
-  if (exhaust_and_recover() || realloc_moves_tightly()) return 1;
+  if (arenas_given_back() || exhaust_and_recover() || realloc_moves_tightly()) return 1;
   puts("every request within the limit worked");
   return 0;
 }

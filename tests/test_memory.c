@@ -91,6 +91,31 @@ static void test_freed_heap_unmapped_without_trim(void **state) {
              mapped2, mapped0);
 }
 
+/* A freed large mapping waits in the large-block cache for the next large request; a
+ * program that then only allocates small blocks still gets it unmapped by the purge
+ * ticks its frees run. The same bound on progress as above. */
+static void test_cached_mapping_unmapped_without_trim(void **state) {
+  enum { ROUND_BLOCKS = 4096, BIG = 20 << 20 };
+  static void *blocks[ROUND_BLOCKS];
+  malloc_trim(0);
+  char *big = malloc(BIG);
+  assert_non_null(big);
+  memset(big, 0x33, BIG);
+  size_t mapped1 = fm_mapped_bytes();
+  free(big);
+  size_t mapped2 = fm_mapped_bytes();
+  for (int round = 0; round < 1000 && mapped2 + BIG / 2 > mapped1; round++) {
+    usleep(10 * 1000);
+    for (int i = 0; i < ROUND_BLOCKS; i++) assert_non_null(blocks[i] = malloc(48));
+    for (int i = 0; i < ROUND_BLOCKS; i++) free(blocks[i]);
+    mapped2 = fm_mapped_bytes();
+  }
+  print_message("mapped %zu with a %d-byte block, %zu after its free\n", mapped1, BIG, mapped2);
+  if (mapped2 + BIG / 2 > mapped1)
+    fail_msg("10 s after freeing a %d-byte block, %zu bytes are mapped (%zu with it)", BIG,
+             mapped2, mapped1);
+}
+
 /* A heap built and freed by another thread, still alive, is purged by this one's trim. */
 static pthread_barrier_t phase;
 
@@ -255,6 +280,7 @@ int main(void) {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_trim_lowers_rss),
       cmocka_unit_test(test_freed_heap_unmapped_without_trim),
+      cmocka_unit_test(test_cached_mapping_unmapped_without_trim),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
       cmocka_unit_test(test_thread_churn_rss),
