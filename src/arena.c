@@ -123,6 +123,14 @@ static bool arena_drop_kept_span(fm_arena *arena, unsigned units) {
  * kernel's mapping lock, which stalls every thread's page faults. */
 #define FM_CHUNK_BATCH 8
 
+/* Unmaps the chunks the arena mapped ahead and has not used; returns their bytes. */
+static size_t arena_drop_reserve(fm_arena *arena) {
+  size_t bytes = (size_t)(arena->reserve_end - arena->reserve);
+  if (bytes) os_unmap(arena->reserve, bytes);
+  arena->reserve = arena->reserve_end = NULL;
+  return bytes;
+}
+
 static fm_chunk *arena_new_chunk(fm_arena *arena) {
   if (arena->reserve == arena->reserve_end) {
     char *batch = os_map_aligned(FM_CHUNK_BATCH * FM_CHUNK_SIZE, FM_CHUNK_SIZE);
@@ -136,7 +144,11 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
     arena->reserve_end = batch + count * FM_CHUNK_SIZE;
   }
   fm_chunk *chunk = chunk_init(arena->reserve, arena);
-  if (chunk) arena->reserve += FM_CHUNK_SIZE;
+  if (!chunk) {   /* outside a windowed unit map: so is the rest of the batch */
+    arena_drop_reserve(arena);
+    return NULL;
+  }
+  arena->reserve += FM_CHUNK_SIZE;
   return chunk;
 }
 
@@ -451,11 +463,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   }
   /* Out of address space, the chunks mapped ahead go too: an arena can hold seven unused
    * (28 MiB) that another request could use. */
-  if (how == FM_UNMAP_EMPTY && arena->reserve != arena->reserve_end) {
-    os_unmap(arena->reserve, (size_t)(arena->reserve_end - arena->reserve));
-    released += (size_t)(arena->reserve_end - arena->reserve);
-    arena->reserve = arena->reserve_end = NULL;
-  }
+  if (how == FM_UNMAP_EMPTY) released += arena_drop_reserve(arena);
   return released;
 }
 

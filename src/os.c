@@ -146,9 +146,12 @@ unsigned os_cpu_count(void) {
 
 uint64_t os_random64(void) {
   uint64_t value = 0;
+  int saved = errno;
   if (syscall(SYS_getrandom, &value, sizeof value, GRND_NONBLOCK) != (long)sizeof value) {
-    /* No entropy yet (early boot): mix the clock and addresses, still per process. */
+    /* No entropy yet (early boot), or no getrandom (a seccomp filter): mix the clock and
+     * addresses, still per process. */
     value = os_now_ns() ^ ((uintptr_t)&value * 0x9E3779B97F4A7C15ull) ^ (uint64_t)getpid() << 32;
+    errno = saved;
   }
   return value;
 }
