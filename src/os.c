@@ -183,6 +183,7 @@ void os_futex_wake_one(int *addr) {
 }
 
 void fm_lock_contended(fm_lock_t *lock) {
+  if (fm_fork_holder) return;   /* it holds this lock already */
   for (int spin = 0; spin < 100; spin++) {
     int expected = 0;
     if (atomic_load_explicit(&lock->state, memory_order_relaxed) == 0 &&

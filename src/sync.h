@@ -33,7 +33,14 @@ typedef struct fm_lock {
 
 #define FM_LOCK_INIT {0}
 
-void fm_lock_contended(fm_lock_t *lock);
+/* True in the thread that forks, from fastmalloc's prepare handler to its parent or child
+ * handler, while it holds every lock. glibc runs prepare handlers in reverse order of
+ * registration and the others in order, so the fork handlers of a library registered
+ * before fastmalloc run inside that window: their mallocs pass through the locks (every
+ * other thread waits on them) instead of waiting on their own thread. */
+extern fm_hidden __thread bool fm_fork_holder __attribute__((tls_model("initial-exec")));
+
+void fm_lock_contended(fm_lock_t *lock);   /* passes through in the fork holder */
 
 static inline void fm_lock_init(fm_lock_t *lock) {
   atomic_store_explicit(&lock->state, 0, memory_order_relaxed);
@@ -57,7 +64,7 @@ static inline bool fm_trylock(fm_lock_t *lock, bool threaded) {
 }
 
 static fm_always_inline void fm_unlock(fm_lock_t *lock, bool threaded) {
-  if (!threaded) return;
+  if (!threaded || fm_unlikely(fm_fork_holder)) return;
   if (fm_unlikely(atomic_exchange_explicit(&lock->state, 0, memory_order_release) == 2))
     os_futex_wake_one((int *)&lock->state);
 }

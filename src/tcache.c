@@ -11,6 +11,7 @@
 #include "options.h"
 
 __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
+__thread bool fm_fork_holder __attribute__((tls_model("initial-exec")));
 
 static fm_lock_t init_lock = FM_LOCK_INIT;
 static _Atomic int init_done;
@@ -501,10 +502,12 @@ static void fork_prepare(void) {
   fm_lock(&pool_lock, true);
   large_lock_all();
   arena_lock_all();
+  fm_fork_holder = true;
 }
 
 static void fork_parent(void) {
   if (!fork_locked) return;
+  fm_fork_holder = false;   /* first, or the unlocks would pass through too */
   arena_unlock_all();
   large_unlock_all();
   fm_unlock(&pool_lock, true);
@@ -513,6 +516,7 @@ static void fork_parent(void) {
 
 static void fork_child(void) {
   if (!fork_locked) return;
+  fm_fork_holder = false;
   /* The other threads' caches are gone with their threads. */
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);

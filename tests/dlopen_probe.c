@@ -1,7 +1,8 @@
 /* Loads libfastmalloc.so (argv[1]) with dlopen into a process that started without it, as
  * a plugin or a Python extension linked with -lfastmalloc would: its initial-exec TLS
  * must fit in glibc's spare static TLS. Then allocates through the fm_ names, in this
- * thread and another. Exit 0 on success. */
+ * thread and another; last, unloads it while a thread that used it still runs, which then
+ * exits (its cache's destructor must still be there). Exit 0 on success. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,6 +20,15 @@ static void *use(void *arg) {
     fm_free_fn(p);
   }
   return NULL;
+}
+
+static pthread_barrier_t used, unloaded;
+
+static void *use_then_outlive(void *arg) {
+  void *failed = use(arg);
+  pthread_barrier_wait(&used);
+  pthread_barrier_wait(&unloaded);
+  return failed;   /* the thread's exit runs fastmalloc's thread-key destructor */
 }
 
 int main(int argc, char **argv) {
@@ -42,6 +52,19 @@ int main(int argc, char **argv) {
     printf("FAIL: %s\n", failed ? failed : (const char *)thread_failed);
     return 1;
   }
-  puts("dlopen'ed and used");
+  if (pthread_barrier_init(&used, NULL, 2) || pthread_barrier_init(&unloaded, NULL, 2) ||
+      pthread_create(&t, NULL, use_then_outlive, NULL)) {
+    printf("FAIL: thread set-up\n");
+    return 1;
+  }
+  pthread_barrier_wait(&used);
+  dlclose(lib);
+  pthread_barrier_wait(&unloaded);
+  pthread_join(t, &thread_failed);
+  if (thread_failed) {
+    printf("FAIL: %s\n", (const char *)thread_failed);
+    return 1;
+  }
+  puts("dlopen'ed, used, and dlclose'd under a thread that used it");
   return 0;
 }

@@ -654,24 +654,30 @@ static void test_fm_owns_foreign(void **state) {
   assert_false(fm_owns((void *)UINTPTR_MAX));
 }
 
-/* The minimal mallinfo/mallopt/malloc_info/malloc_stats/malloc_trim answers. */
+/* The minimal mallinfo/mallopt/malloc_info/malloc_trim answers: the mapped bytes, "accepted",
+ * and a trim that releases the pages of a block just freed. */
 static void test_malloc_info_family(void **state) {
-  void *p = malloc(FMT_MIB);
+  char *p = malloc(FMT_MIB);
   assert_non_null(p);
-  struct mallinfo2 mi = mallinfo2();
-  (void)mi;
+  memset(p, 1, FMT_MIB);
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   assert_non_null(f);
+  size_t mapped = fm_mapped_bytes();   /* the stream's own buffer comes after this */
+  assert_true(mapped >= FMT_MIB);
+  assert_int_equal(mallinfo2().arena, mapped);
   assert_int_equal(malloc_info(0, f), 0);
+  assert_int_equal(malloc_info(1, f), EINVAL);
   fclose(f);
+  char expect[64];
+  snprintf(expect, sizeof expect, "size=\"%zu\"", mapped);
+  if (!strstr(buf, "<malloc ") || !strstr(buf, expect))
+    fail_msg("malloc_info wrote \"%s\", expected %s in it", buf, expect);
   free(buf);
-  int r = mallopt(M_TRIM_THRESHOLD, 128 * 1024);
-  assert_true(r == 0 || r == 1);
-  free(p);
-  r = malloc_trim(0);
-  assert_true(r == 0 || r == 1);
+  assert_int_equal(mallopt(M_TRIM_THRESHOLD, 128 * 1024), 1);
+  free(fmt_launder(p));
+  assert_int_equal(malloc_trim(0), 1);
 }
 
 /* The thread cache's bins grow in turn (each growth moves the bins above it, blocks and
