@@ -62,6 +62,44 @@ bool fm_unit_map_init(void) {
   return true;
 }
 
+size_t fm_unit_map_narrow(void) {
+  enum { WINDOW_PAGES = FM_UNIT_MAP_WINDOW_UNITS / FM_PAGE_SIZE, ALL_WORDS = FM_UNIT_MAP_PAGES / 64 };
+  if (!map_start || map_units != FM_UNIT_MAP_BYTES || !os_address_space_limited()) return 0;
+  /* The pages holding entries: every mapping of ours. */
+  size_t low = FM_UNIT_MAP_PAGES, high = 0;
+  for (size_t w = 0; w < ALL_WORDS; w++) {
+    uint64_t bits = atomic_load_explicit(&fm_unit_map_writable[w], memory_order_relaxed);
+    if (!bits) continue;
+    if (low == FM_UNIT_MAP_PAGES) low = w * 64 + (size_t)__builtin_ctzll(bits);
+    high = w * 64 + 63 - (size_t)__builtin_clzll(bits);
+  }
+  if (low == FM_UNIT_MAP_PAGES) low = high = ((uintptr_t)map_start >> FM_UNIT_SHIFT) / FM_PAGE_SIZE;
+  /* Centred on them, from a whole word of the writable bitmap. */
+  size_t centre = (low + high) / 2;
+  size_t first = centre > WINDOW_PAGES / 2 ? (centre - WINDOW_PAGES / 2) & ~(size_t)63 : 0;
+  if (first > FM_UNIT_MAP_PAGES - WINDOW_PAGES) first = FM_UNIT_MAP_PAGES - WINDOW_PAGES;
+  if (low < first || high >= first + WINDOW_PAGES) return 0;   /* spread too far */
+  /* Page 0 stays: free(NULL) reads its entry. */
+  size_t released = 0;
+  if (first > 1) {
+    os_release_reserved(map_start + FM_PAGE_SIZE, (first - 1) * FM_PAGE_SIZE);
+    released += (first - 1) * FM_PAGE_SIZE;
+  }
+  size_t end = first + WINDOW_PAGES;
+  os_release_reserved(map_start + end * FM_PAGE_SIZE, (FM_UNIT_MAP_PAGES - end) * FM_PAGE_SIZE);
+  released += (FM_UNIT_MAP_PAGES - end) * FM_PAGE_SIZE;
+  for (size_t w = 0; w < ALL_WORDS; w++) {   /* the bitmap counts pages from the window's */
+    uint64_t bits = w < WINDOW_PAGES / 64 ? atomic_load_explicit(&fm_unit_map_writable[first / 64 + w],
+                                                                  memory_order_relaxed) : 0;
+    atomic_store_explicit(&fm_unit_map_writable[w], bits, memory_order_relaxed);
+  }
+  /* fm_unit_map stays: the window's entries keep their addresses. */
+  map_first = first * FM_PAGE_SIZE;
+  map_start += map_first;
+  map_units = FM_UNIT_MAP_WINDOW_UNITS;
+  return released;
+}
+
 unsigned fm_unit_class_checked(const void *p) {
   size_t unit = (uintptr_t)p >> FM_UNIT_SHIFT;
   if (!map_start || unit < map_first || unit - map_first >= map_units) return 0;

@@ -54,6 +54,12 @@ extern fm_hidden const uint8_t *fm_unit_map;
 extern fm_hidden uintptr_t fm_mark;   /* per-process random key: freed-block mark, large-block check */
 
 bool fm_unit_map_init(void);
+/* Under an address-space limit set after set-up, the 2 GiB reservation counts against it:
+ * narrows the map to the window it would have had from the start (1 TiB of address space
+ * around every mapping of ours), giving the rest back. Single-threaded callers only (no
+ * other thread may read or set entries meanwhile). Returns the bytes given back, 0 when
+ * there is no limit, the map is a window already, or the heap is spread wider. */
+size_t fm_unit_map_narrow(void);
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);
 
 /* The fast paths' lookup, for p below 2^47 (and inside the window, if the map is one). */

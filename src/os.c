@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,6 +79,16 @@ void *os_reserve_readonly_at(void *addr, size_t size) {
     p = NULL;
   }
   return p;
+}
+
+void os_release_reserved(void *addr, size_t size) { os_unmap_uncounted(addr, size); }
+
+bool os_address_space_limited(void) {
+  struct rlimit limit;
+  int saved = errno;
+  bool limited = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+  errno = saved;
+  return limited;
 }
 
 bool os_make_writable(void *addr, size_t size) {

@@ -489,7 +489,14 @@ static size_t release_held(bool purge) {
 
 size_t tcache_trim(void) { return release_held(true); }
 
-bool tcache_release_for_retry(void) { return release_held(false) > 0; }
+/* A single-threaded process may also have lowered its address-space limit since set-up
+ * (setrlimit in main, or a fork child before exec): then the unit map narrows to a window
+ * (with more threads, their frees could be reading the part that goes). */
+bool tcache_release_for_retry(void) {
+  size_t released = release_held(false);
+  if (!fm_threaded()) released += fm_unit_map_narrow();
+  return released > 0;
+}
 
 /* fork: take every allocator lock in a fixed order so the child sees a consistent heap.
  * A single-threaded parent holds no lock mid-operation, so nothing needs taking. */

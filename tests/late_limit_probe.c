@@ -1,0 +1,40 @@
+/* An address-space limit set after fastmalloc's set-up (setrlimit in main, as a program
+ * that caps itself does), far below the unit map's 2 GiB reservation: the map narrows to a
+ * window, and blocks of every kind, new mappings included, keep coming. Exit 0 on
+ * success. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "fastmalloc.h"
+
+int main(void) {
+  char *early = malloc(100);   /* set-up, without a limit: the whole unit map */
+  if (!early) return 1;
+  memset(early, 1, 100);
+  struct rlimit limit = {(rlim_t)1 << 30, (rlim_t)1 << 30};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) {
+    printf("FAIL: setrlimit errno %d\n", errno);
+    return 1;
+  }
+  const size_t sizes[] = {16, 5000, 100000, (size_t)3 << 20, (size_t)64 << 20, (size_t)300 << 20};
+  for (int round = 0; round < 3; round++) {
+    for (unsigned i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+      char *p = malloc(sizes[i]);
+      if (!p || !fm_owns(p)) {
+        printf("FAIL: malloc(%zu) under a late limit, errno %d\n", sizes[i], errno);
+        return 1;
+      }
+      memset(p, 2, sizes[i]);
+      free(p);
+    }
+  }
+  if (early[99] != 1) return 1;
+  free(early);
+  int local;
+  if (fm_owns(&local)) return 1;
+  puts("every request under a limit set after set-up worked");
+  return 0;
+}
