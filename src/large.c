@@ -63,15 +63,18 @@ static size_t round_unit(size_t n) { return (n + FM_UNIT_SIZE - 1) & ~(FM_UNIT_S
 
 static large_hdr *header_of(const void *p) { return (large_hdr *)p - 1; }
 
-/* The header of live block p, or a fatal report naming the misuse. */
+static const char free_invalid[] = "free(): invalid pointer";
+
+/* The header of live block p, or a fatal report: op, or for free() of a block freed
+ * already, a double free. */
 static large_hdr *live_header(const void *p, const char *op) {
   if (((uintptr_t)p & 15) ||
       fm_unit_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
     os_fatal(op, p);
   large_hdr *h = header_of(p);
   if (h->check != ((uintptr_t)p ^ fm_mark)) {
-    if (h->check == ((uintptr_t)p ^ ~fm_mark)) os_fatal("free(): double free detected", p);
-    os_fatal(op, p);
+    bool freed = h->check == ((uintptr_t)p ^ ~fm_mark);
+    os_fatal(freed && op == free_invalid ? "free(): double free detected" : op, p);
   }
   return h;
 }
@@ -290,7 +293,7 @@ void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh)
 }
 
 void large_free(void *p, const fm_arena *arena) {
-  large_hdr *h = live_header(p, "free(): invalid pointer");
+  large_hdr *h = live_header(p, free_invalid);
   h->check = (uintptr_t)p ^ ~fm_mark;
   if ((char *)p == h->base + LARGE_OFFSET &&
       cache_put((unsigned)(arena - fm_arenas), h->base, h->map_size))

@@ -145,13 +145,16 @@ bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
 size_t os_mapped_bytes(void) { return __atomic_load_n(&os_mapped, __ATOMIC_RELAXED); }
 
 unsigned os_cpu_count(void) {
-  cpu_set_t set;
-  /* The raw system call: glibc's wrapper may allocate for large CPU sets. */
-  long n = syscall(SYS_sched_getaffinity, 0, sizeof set, &set);
+  /* The raw system call: glibc's wrapper may allocate for large CPU sets. The kernel wants
+   * room for every CPU it supports (cpu_set_t's 1024 are too few on some machines): 8192,
+   * x86-64's most. Called once, at set-up. */
+  static uint64_t set[8192 / 64];
+  int saved = errno;
+  long n = syscall(SYS_sched_getaffinity, 0, sizeof set, set);
+  errno = saved;
   if (n <= 0) return 1;
   unsigned count = 0;
-  const unsigned char *bytes = (const unsigned char *)&set;
-  for (long i = 0; i < n; i++) count += (unsigned)__builtin_popcount(bytes[i]);
+  for (long i = 0; i < n / 8; i++) count += (unsigned)__builtin_popcountll(set[i]);
   return count ? count : 1;
 }
 

@@ -93,6 +93,13 @@ static void realloc_interior(void *arg) {
   free(realloc(fmt_launder(p + 16), 40));
 }
 
+/* A mapped block freed, then resized: the report names realloc, not a double free. */
+static void realloc_freed_mapped(void *arg) {
+  char *p = malloc(2 * FMT_MIB);
+  free(p);
+  free(realloc(fmt_launder(p), 3 * FMT_MIB));
+}
+
 static void usable_size_interior(void *arg) {
   char *p = malloc((uintptr_t)arg);
   malloc_usable_size(fmt_launder(p + 16));
@@ -150,6 +157,8 @@ static void test_bad_blocks_given_back(void **state) {
 }
 
 static void test_interior_pointers_measured(void **state) {
+  expect_report(realloc_freed_mapped, NULL, "realloc of a freed mapped block",
+                "realloc(): invalid pointer");
   const size_t sizes[] = {64, 4000, 40000, 2 * FMT_MIB};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     expect_report(realloc_interior, (void *)(uintptr_t)sizes[i], "realloc of an interior pointer",
