@@ -33,12 +33,13 @@ typedef struct fm_lock {
 
 #define FM_LOCK_INIT {0}
 
-/* True in the thread that forks, from fastmalloc's prepare handler to its parent or child
- * handler, while it holds every lock. glibc runs prepare handlers in reverse order of
- * registration and the others in order, so the fork handlers of a library registered
- * before fastmalloc run inside that window: their mallocs pass through the locks (every
- * other thread waits on them) instead of waiting on their own thread. */
-extern fm_hidden __thread bool fm_fork_holder __attribute__((tls_model("initial-exec")));
+/* Non-zero in the thread that forks, from fastmalloc's prepare handler to its parent or
+ * child handler, while it holds every lock (the depth of forks nested in that window).
+ * glibc runs prepare handlers in reverse order of registration and the others in order,
+ * so the fork handlers of a library registered before fastmalloc run inside that window:
+ * their mallocs pass through the locks (every other thread waits on them) instead of
+ * waiting on their own thread. */
+extern fm_hidden __thread unsigned char fm_fork_holder __attribute__((tls_model("initial-exec")));
 
 void fm_lock_contended(fm_lock_t *lock);   /* passes through in the fork holder */
 

@@ -11,7 +11,7 @@
 #include "options.h"
 
 __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
-__thread bool fm_fork_holder __attribute__((tls_model("initial-exec")));
+__thread unsigned char fm_fork_holder __attribute__((tls_model("initial-exec")));
 
 static fm_lock_t init_lock = FM_LOCK_INIT;
 static _Atomic int init_done;
@@ -502,19 +502,29 @@ bool tcache_release_for_retry(void) {
  * A single-threaded parent holds no lock mid-operation, so nothing needs taking. */
 static bool fork_locked;
 
+/* A fork from inside the window (an earlier-registered library's handler that forks)
+ * only counts: the outer fork's handlers take and give back the locks. */
 static void fork_prepare(void) {
+  if (fm_fork_holder) {
+    fm_fork_holder++;
+    return;
+  }
   fork_locked = fm_threaded();
   if (!fork_locked) return;
   fm_lock(&init_lock, true);
   fm_lock(&pool_lock, true);
   large_lock_all();
   arena_lock_all();
-  fm_fork_holder = true;
+  fm_fork_holder = 1;
 }
 
 static void fork_parent(void) {
+  if (fm_fork_holder > 1) {
+    fm_fork_holder--;
+    return;
+  }
   if (!fork_locked) return;
-  fm_fork_holder = false;   /* first, or the unlocks would pass through too */
+  fm_fork_holder = 0;   /* first, or the unlocks would pass through too */
   arena_unlock_all();
   large_unlock_all();
   fm_unlock(&pool_lock, true);
@@ -522,8 +532,12 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
+  if (fm_fork_holder > 1) {
+    fm_fork_holder--;
+    return;
+  }
   if (!fork_locked) return;
-  fm_fork_holder = false;
+  fm_fork_holder = 0;
   /* The other threads' caches are gone with their threads. */
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);

@@ -1,7 +1,8 @@
 /* Run under LD_PRELOAD of fastmalloc and linked with fork_handlers_lib, whose fork
- * handlers, registered before fastmalloc's, allocate: forks while another thread keeps
- * the allocator's locks busy must neither hang nor break the heap, in parent or child.
- * Exit 0 on success; a hang ends in SIGALRM. */
+ * handlers, registered before fastmalloc's, allocate (and the first prepare forks):
+ * forks while another thread keeps the allocator's locks busy must neither hang nor break
+ * the heap, in parent or child, nor free the locks early. Exit 0 on success; a hang ends
+ * in SIGALRM. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -12,10 +13,13 @@
 #include <unistd.h>
 
 static atomic_bool stop;
+extern atomic_ulong fork_handlers_progress;
+extern int fork_handlers_nested_failures;
 
 static void *churn(void *arg) {
   while (!atomic_load(&stop)) {
     free(malloc(100000));   /* a span: the arena lock */
+    atomic_fetch_add(&fork_handlers_progress, 1);
     free(malloc(2 << 20));  /* a mapping: the large-block cache's lock */
     free(malloc(64));
   }
@@ -44,6 +48,10 @@ int main(void) {
   }
   atomic_store(&stop, true);
   pthread_join(t, NULL);
+  if (fork_handlers_nested_failures) {
+    puts("FAIL: a fork inside another fork's handlers let the allocator's locks go");
+    return 1;
+  }
   puts("50 forks with early fork handlers that allocate");
   return 0;
 }
