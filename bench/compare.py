@@ -162,6 +162,15 @@ def parse_output(job, stdout):
     return out
 
 
+def parse_figures(job, stdout):
+    """parse_output, with every figure finite and not negative (JSON has NaN)."""
+    out = parse_output(job, stdout)
+    bad = [m for m, _, v in out if not math.isfinite(v) or v < 0]
+    if bad:
+        raise ValueError(f"not a figure: {', '.join(bad)}")
+    return out
+
+
 def run_one(job, lib, timeout):
     """Runs one benchmark process; returns (metrics, None, "") or (None, reason, output to log)."""
     try:
@@ -173,8 +182,8 @@ def run_one(job, lib, timeout):
                else f"exit status {p.returncode}")
         return None, why, p.stderr
     try:
-        return parse_output(job, p.stdout), None, ""
-    except (ValueError, KeyError) as e:
+        return parse_figures(job, p.stdout), None, ""
+    except (ValueError, KeyError, TypeError) as e:   # TypeError: JSON of another shape
         return None, f"unreadable output ({e})", p.stdout + p.stderr
 
 
@@ -279,9 +288,10 @@ def ratio_table(res, jobs, peers):
         best_peer = min(have, key=have.get) if have else None
         ratios = {p: (fm / v if fm is not None and v else None) for p, v in pv.items()}
         best_ratio = ratios.get(best_peer) if best_peer else None
-        by_group.setdefault(job.kind, []).append((best_ratio, ratios))
-        if best_ratio and best_ratio > worst[0]:
-            worst = (best_ratio, label)
+        failed = fm is None and bool(have)   # a peer has the figure, fastmalloc none
+        by_group.setdefault(job.kind, []).append((best_ratio, ratios, failed))
+        if failed or (best_ratio and best_ratio > worst[0]):
+            worst = (math.inf if failed else best_ratio, label)
         out.append([label, f"{best_ratio:.2f} ({best_peer})" if best_ratio else "—"] +
                    [f"{ratios[p]:.2f}" if ratios[p] else "—" for p in peers])
     all_rows = []
@@ -293,15 +303,26 @@ def ratio_table(res, jobs, peers):
         out.append(geomean_row(f"**geomean {title}**", rows, peers))
     out.append(geomean_row("**geomean all**", all_rows, peers))
     if worst[1]:
-        out.append([f"**worst: {worst[1]}**", f"**{worst[0]:.2f}**"] + [""] * len(peers))
+        out.append([f"**worst: {worst[1]}**", f"**{fmt_ratio(worst[0])}**"] + [""] * len(peers))
     return md_table(["benchmark", "vs best peer"] + [f"vs {p}" for p in peers], out)
+
+
+def fmt_ratio(r):
+    return "failed" if r == math.inf else f"{r:.2f}"
+
+
+def failed_note(n):
+    """Marks a geometric mean that leaves out benchmarks fastmalloc failed on."""
+    return f" ({n} failed)" if n else ""
 
 
 def geomean_row(label, rows, peers):
     def cell(g):
         return f"{g:.2f}" if g else "—"
-    g = geomean([b for b, _ in rows])
-    return [label, f"**{g:.2f}**" if g else "—"] + [cell(geomean([r[p] for _, r in rows])) for p in peers]
+    g = geomean([b for b, _, _ in rows])
+    note = failed_note(sum(failed for _, _, failed in rows))
+    return [label, (f"**{g:.2f}**" if g else "—") + note] + [cell(geomean([r[p] for _, r, _ in rows]))
+                                                            for p in peers]
 
 
 def memory_table(res, jobs, names, peers):
@@ -319,13 +340,16 @@ def memory_table(res, jobs, names, peers):
         fm = res.median(job.key, "peak_rss", MAIN)
         peer_peaks = [v for v in (res.median(job.key, "peak_rss", p) for p in peers) if v]
         r = fm / min(peer_peaks) if fm and peer_peaks else None
+        if fm is None and peer_peaks:
+            r = math.inf   # failed: no mean hides it
         ratios.append((r, job.key))
-        out.append([job.key] + cells + [f"{r:.2f}" if r else "—"])
-    g = geomean([r for r, _ in ratios])
-    out.append(["**geomean**"] + [""] * len(names) + [f"**{g:.2f}**" if g else "—"])
+        out.append([job.key] + cells + [fmt_ratio(r) if r else "—"])
+    g = geomean([r for r, _ in ratios if r != math.inf])
+    note = failed_note(sum(r == math.inf for r, _ in ratios))
+    out.append(["**geomean**"] + [""] * len(names) + [(f"**{g:.2f}**" if g else "—") + note])
     r, key = max(((r, k) for r, k in ratios if r), default=(None, None))
     if r:
-        out.append([f"**worst: {key}**"] + [""] * len(names) + [f"**{r:.2f}**"])
+        out.append([f"**worst: {key}**"] + [""] * len(names) + [f"**{fmt_ratio(r)}**"])
     return md_table(["benchmark"] + names + ["fm peak ÷ smallest peer"], out)
 
 
@@ -369,8 +393,7 @@ def mark_table(res, jobs, peers):
         timed = [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
         t = {a: over_best(a, job, timed) for a in (MAIN, NO_MARK)}
         r = {a: over_best(a, job, ["peak_rss"]) for a in (MAIN, NO_MARK)}
-        if t[MAIN] and t[NO_MARK]:
-            groups.setdefault(job.kind, []).append(t)
+        groups.setdefault(job.kind, []).append(t)
         for a in mem:
             mem[a].append(r[a])
         out.append([job.key] + [f"{t[a]:.2f}" if t[a] else "—" for a in (MAIN, NO_MARK)] +
@@ -380,8 +403,13 @@ def mark_table(res, jobs, peers):
     for kind, title in GROUPS:
         rows = groups.get(kind)
         if rows:
-            g = {a: geomean([row[a] for row in rows]) for a in (MAIN, NO_MARK)}
-            out.append([f"**geomean {title}**", f"**{g[MAIN]:.2f}**", f"**{g[NO_MARK]:.2f}**",
+            # Both builds over the same benchmarks: those where either failed are left
+            # out, and counted.
+            both = [row for row in rows if row[MAIN] and row[NO_MARK]]
+            g = {a: geomean([row[a] for row in both]) for a in (MAIN, NO_MARK)}
+            note = failed_note(len(rows) - len(both))
+            out.append([f"**geomean {title}**", (f"**{g[MAIN]:.2f}**" if g[MAIN] else "—") + note,
+                        f"**{g[NO_MARK]:.2f}**" if g[NO_MARK] else "—",
                         quotient(g[MAIN], g[NO_MARK]), "", "", "", ""])
     g = {a: geomean(mem[a]) for a in mem}
     out.append(["**geomean peak RSS**", "", "", "", "", ""] +

@@ -12,14 +12,15 @@ fm_options_t fm_options = {
  * them cannot overflow. */
 #define PURGE_DELAY_MAX_MS ((uint64_t)1 << 40)
 
-/* "123", "64K", "2M", "1G": returns false on anything else. */
+/* "123", "64K", "2M", "1G": returns false on anything else (a bare suffix included).
+ * Values beyond 64 bits saturate: each knob caps its own value anyway. */
 static bool parse_size(const char *text, uint64_t *out) {
-  if (!text || !*text) return false;
+  if (!text) return false;
+  const char *digits = text;
   uint64_t value = 0;
-  for (; *text >= '0' && *text <= '9'; text++) {
-    if (value > (UINT64_MAX - 9) / 10) return false;
-    value = value * 10 + (uint64_t)(*text - '0');
-  }
+  for (; *text >= '0' && *text <= '9'; text++)
+    value = value > (UINT64_MAX - 9) / 10 ? UINT64_MAX : value * 10 + (uint64_t)(*text - '0');
+  if (text == digits) return false;
   unsigned shift = 0;
   switch (*text) {
     case 0: break;
@@ -28,8 +29,8 @@ static bool parse_size(const char *text, uint64_t *out) {
     case 'g': case 'G': shift = 30; text++; break;
     default: return false;
   }
-  if (*text || (shift && value > (UINT64_MAX >> shift))) return false;
-  *out = value << shift;
+  if (*text) return false;
+  *out = value > (UINT64_MAX >> shift) ? UINT64_MAX : value << shift;
   return true;
 }
 
