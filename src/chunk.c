@@ -63,7 +63,8 @@ bool fm_unit_map_init(void) {
 }
 
 size_t fm_unit_map_narrow(void) {
-  enum { WINDOW_PAGES = FM_UNIT_MAP_WINDOW_UNITS / FM_PAGE_SIZE, ALL_WORDS = FM_UNIT_MAP_PAGES / 64 };
+  enum { WINDOW_PAGES = FM_UNIT_MAP_WINDOW_UNITS / FM_PAGE_SIZE };
+  enum { ALL_WORDS = FM_UNIT_MAP_PAGES / 64, WINDOW_WORDS = WINDOW_PAGES / 64 };
   if (!map_start || map_units != FM_UNIT_MAP_BYTES || !os_address_space_limited()) return 0;
   /* The pages holding entries: every mapping of ours. */
   size_t low = FM_UNIT_MAP_PAGES, high = 0;
@@ -86,11 +87,14 @@ size_t fm_unit_map_narrow(void) {
     released += (first - 1) * FM_PAGE_SIZE;
   }
   size_t end = first + WINDOW_PAGES;
-  os_release_reserved(map_start + end * FM_PAGE_SIZE, (FM_UNIT_MAP_PAGES - end) * FM_PAGE_SIZE);
-  released += (FM_UNIT_MAP_PAGES - end) * FM_PAGE_SIZE;
+  if (end < FM_UNIT_MAP_PAGES) {
+    os_release_reserved(map_start + end * FM_PAGE_SIZE, (FM_UNIT_MAP_PAGES - end) * FM_PAGE_SIZE);
+    released += (FM_UNIT_MAP_PAGES - end) * FM_PAGE_SIZE;
+  }
   for (size_t w = 0; w < ALL_WORDS; w++) {   /* the bitmap counts pages from the window's */
-    uint64_t bits = w < WINDOW_PAGES / 64 ? atomic_load_explicit(&fm_unit_map_writable[first / 64 + w],
-                                                                  memory_order_relaxed) : 0;
+    uint64_t bits = 0;
+    if (w < WINDOW_WORDS)
+      bits = atomic_load_explicit(&fm_unit_map_writable[first / 64 + w], memory_order_relaxed);
     atomic_store_explicit(&fm_unit_map_writable[w], bits, memory_order_relaxed);
   }
   /* fm_unit_map stays: the window's entries keep their addresses. */
