@@ -222,8 +222,7 @@ static void arena_tick(fm_arena *arena, uint64_t now) {
   arena_purge(arena, FM_PURGE_STALE);
 }
 
-/* True when a tick ran: the caller then expires the cache of freed large mappings too,
- * once it has released the lock (munmap waits for the kernel's mapping lock). */
+/* True when a tick ran. */
 static bool arena_purge_tick(fm_arena *arena) {
   if (++arena->frees % 64) return false;
   uint64_t now = os_now_ns();
@@ -238,6 +237,15 @@ static bool arena_purge_tick(fm_arena *arena) {
     fm_unlock(&idle->lock, threaded);
   }
   return true;
+}
+
+/* Ends a call that freed into the arena: the purge tick when one is due, the unlock, and
+ * after a tick the expiry of freed large mappings, outside the lock (munmap waits for the
+ * kernel's mapping lock). */
+static void arena_unlock_after_free(fm_arena *arena, bool threaded) {
+  bool ticked = arena_purge_tick(arena);
+  fm_unlock(&arena->lock, threaded);
+  if (ticked) large_expire(false);
 }
 
 /* An empty span stays with its class for a purge tick (up to 4 MiB a class, 16 spans of
@@ -336,9 +344,7 @@ void arena_free_blocks(void **blocks, size_t n) {
       if (span->arena == arena) i += span_return_run(arena, span, blocks + i, n - i);
       else blocks[pending++] = blocks[i++];
     }
-    bool ticked = arena_purge_tick(arena);
-    fm_unlock(&arena->lock, threaded);
-    if (ticked) large_expire(false);
+    arena_unlock_after_free(arena, threaded);
     n = pending;
   }
 }
@@ -367,9 +373,7 @@ void arena_free_span_large(void *p) {
              p);
   span->used = 0;
   arena_span_emptied(arena, span);
-  bool ticked = arena_purge_tick(arena);
-  fm_unlock(&arena->lock, threaded);
-  if (ticked) large_expire(false);
+  arena_unlock_after_free(arena, threaded);
 }
 
 size_t arena_block_usable_size(const void *p, unsigned cls) {

@@ -116,9 +116,11 @@ bool fm_init(void);
 fm_arena *tcache_arena(void);
 /* Flushes the calling thread's cache and purges every arena: malloc_trim(0). */
 size_t tcache_trim(void);
-/* Out of memory: flushes the calling thread's cache and unmaps every empty chunk, cached
- * large mapping and pooled bins' array, purging nothing (so it stays cheap when memory
- * stays short); true when something was unmapped, so one more try may work. */
+/* Out of memory: flushes the calling thread's cache and unmaps every empty chunk, chunk
+ * mapped ahead, cached large mapping and pooled bins' array, purging nothing (so it stays
+ * cheap when memory stays short), and in a process that never had a second thread narrows
+ * the unit map under a late address-space limit; true when something was unmapped, so one
+ * more try may work. */
 bool tcache_release_for_retry(void);
 
 #endif

@@ -65,26 +65,34 @@ static void test_trim_lowers_rss(void **state) {
     fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
 }
 
+/* Goes on allocating a little (blocks of `size` bytes, every 10 ms, for at most 1000
+ * rounds: 100 purge delays, a bound on progress, not a timing) until at most `bound`
+ * bytes are mapped; returns the mapped bytes then. */
+static size_t allocate_until_mapped_at_most(size_t bound, size_t size) {
+  enum { ROUND_BLOCKS = 4096 };
+  static void *blocks[ROUND_BLOCKS];
+  size_t mapped = fm_mapped_bytes();
+  for (int round = 0; round < 1000 && mapped > bound; round++) {
+    usleep(10 * 1000);
+    for (int i = 0; i < ROUND_BLOCKS; i++) assert_non_null(blocks[i] = malloc(size));
+    for (int i = 0; i < ROUND_BLOCKS; i++) free(blocks[i]);
+    mapped = fm_mapped_bytes();
+  }
+  return mapped;
+}
+
 /* Without malloc_trim, the chunks of a heap that was freed go back to the OS a few purge
  * ticks later (all but a small reserve), once the thread cache, which still holds blocks
  * from all over the heap, has shrunk: the program goes on allocating a little, so the
  * cache's slow paths run its idle sweeps and the arena's purge ticks. A bound on progress,
  * not a timing: it allows 100 purge delays. */
 static void test_freed_heap_unmapped_without_trim(void **state) {
-  enum { ROUND_BLOCKS = 4096 };
-  static void *blocks[ROUND_BLOCKS];
   malloc_trim(0);
   size_t mapped0 = fm_mapped_bytes();
   size_t total = build_heap(0x22);
   size_t mapped1 = fm_mapped_bytes();
   free_heap_shuffled(3);
-  size_t mapped2 = mapped1;
-  for (int round = 0; round < 1000 && mapped2 > mapped0 + total / 4; round++) {
-    usleep(10 * 1000);
-    for (int i = 0; i < ROUND_BLOCKS; i++) assert_non_null(blocks[i] = malloc(3000));
-    for (int i = 0; i < ROUND_BLOCKS; i++) free(blocks[i]);
-    mapped2 = fm_mapped_bytes();
-  }
+  size_t mapped2 = allocate_until_mapped_at_most(mapped0 + total / 4, 3000);
   print_message("heap %zu: mapped %zu -> %zu -> %zu\n", total, mapped0, mapped1, mapped2);
   if (mapped2 > mapped0 + total / 4)
     fail_msg("10 s after freeing a %zu-byte heap, %zu bytes are mapped (%zu before it)", total,
@@ -95,21 +103,14 @@ static void test_freed_heap_unmapped_without_trim(void **state) {
  * program that then only allocates small blocks still gets it unmapped by the purge
  * ticks its frees run. The same bound on progress as above. */
 static void test_cached_mapping_unmapped_without_trim(void **state) {
-  enum { ROUND_BLOCKS = 4096, BIG = 20 << 20 };
-  static void *blocks[ROUND_BLOCKS];
+  enum { BIG = 20 << 20 };
   malloc_trim(0);
   char *big = malloc(BIG);
   assert_non_null(big);
   memset(big, 0x33, BIG);
   size_t mapped1 = fm_mapped_bytes();
   free(big);
-  size_t mapped2 = fm_mapped_bytes();
-  for (int round = 0; round < 1000 && mapped2 + BIG / 2 > mapped1; round++) {
-    usleep(10 * 1000);
-    for (int i = 0; i < ROUND_BLOCKS; i++) assert_non_null(blocks[i] = malloc(48));
-    for (int i = 0; i < ROUND_BLOCKS; i++) free(blocks[i]);
-    mapped2 = fm_mapped_bytes();
-  }
+  size_t mapped2 = allocate_until_mapped_at_most(mapped1 - BIG / 2, 48);
   print_message("mapped %zu with a %d-byte block, %zu after its free\n", mapped1, BIG, mapped2);
   if (mapped2 + BIG / 2 > mapped1)
     fail_msg("10 s after freeing a %d-byte block, %zu bytes are mapped (%zu with it)", BIG,
