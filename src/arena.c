@@ -3,6 +3,8 @@
  * Every entry point takes the arena lock itself (skipped while single-threaded). */
 #include "arena.h"
 
+#include <string.h>
+
 #include "large.h"
 #include "options.h"
 
@@ -12,6 +14,7 @@ unsigned fm_arena_count = 1;
 static uint8_t span_units[FM_NUM_SPAN_CLASSES + 1];  /* span length per class */
 
 #define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
+#define FM_SPAN_MAX_UNITS 8          /* the longest span of a size class */
 #define FM_EMPTY_CHUNKS_KEPT 2        /* empty chunks an arena keeps mapped between ticks */
 
 void arena_init_all(void) {
@@ -24,7 +27,7 @@ void arena_init_all(void) {
      * (2 to 15 blocks a span), so each of those classes holds few free blocks in its
      * partly used span: a program that keeps a few of them live touches less (the unused
      * tail of a span is never touched). */
-    unsigned most = size > 4096 ? 1 : 8;
+    unsigned most = size > 4096 ? 1 : FM_SPAN_MAX_UNITS;
     while (units < most && (units * FM_UNIT_SIZE % size) * 16 > units * FM_UNIT_SIZE) units++;
     span_units[cls] = (uint8_t)units;
   }
@@ -214,7 +217,8 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
 }
 
 /* Under the lock, from paths that free: every purge delay, a tick purges what stayed
- * empty for a whole tick. The clock is read on every 64th call only. The same tick
+ * empty for a whole tick. Each call reads the (coarse, vDSO) clock, about 3 ns: a program
+ * that reaches its arena seldom still sees its memory go back on time. The same tick
  * visits the arenas that nobody frees into any more (a finished thread's), unless busy. */
 static void arena_tick(fm_arena *arena, uint64_t now) {
   arena->next_purge_ns = now + fm_options.purge_delay_ns;
@@ -224,7 +228,6 @@ static void arena_tick(fm_arena *arena, uint64_t now) {
 
 /* True when a tick ran. */
 static bool arena_purge_tick(fm_arena *arena) {
-  if (++arena->frees % 64) return false;
   uint64_t now = os_now_ns();
   if (now < arena->next_purge_ns) return false;
   arena_tick(arena, now);
@@ -311,8 +314,7 @@ static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *block
   uint64_t *bits = span_free_bits(span);
   __asm__("" : "+r"(bits));   /* one register, not a chunk base plus an offset */
   size_t offset = (size_t)((char *)blocks[0] - start);
-  if (fm_unlikely(span->cls > FM_NUM_SPAN_CLASSES || offset >= blocks_len))
-    os_fatal("free(): invalid pointer", blocks[0]);
+  if (fm_unlikely(offset >= blocks_len)) os_fatal("free(): invalid pointer", blocks[0]);
   for (;;) {
     uint32_t index;
     if (fm_unlikely(!block_at(offset, magic, size, &index)))
@@ -331,16 +333,25 @@ static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *block
   return i;
 }
 
+/* The span of a block a thread cache gives back. The cache took the block on the unit
+ * map's word alone, and a bad pointer (an interior one, or a block freed twice) may no
+ * longer lie in a span by now, its chunk even unmapped: reported before anything is read. */
+static fm_span *cached_block_span(void *p) {
+  unsigned cls = fm_unit_class(p);
+  if (fm_unlikely(cls == 0 || cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", p);
+  return span_of(p);
+}
+
 void arena_free_blocks(void **blocks, size_t n) {
   bool threaded = fm_threaded();
   while (n) {
     /* One pass per owning arena; the blocks of other arenas move to the front of the
      * array and wait for a later pass. */
-    fm_arena *arena = span_of(blocks[0])->arena;
+    fm_arena *arena = cached_block_span(blocks[0])->arena;
     size_t pending = 0;
     fm_lock(&arena->lock, threaded);
     for (size_t i = 0; i < n;) {
-      fm_span *span = span_of(blocks[i]);
+      fm_span *span = cached_block_span(blocks[i]);
       if (span->arena == arena) i += span_return_run(arena, span, blocks + i, n - i);
       else blocks[pending++] = blocks[i++];
     }
@@ -380,7 +391,7 @@ size_t arena_block_usable_size(const void *p, unsigned cls) {
   const fm_span *span = span_of(p);
   uint32_t index;
   if (span->cls != cls) return 0;
-  if (cls == FM_CLASS_SPAN_LARGE) return p == span->start ? span_bytes(span) : 0;
+  if (cls == FM_CLASS_SPAN_LARGE) return p == span->start && span->used ? span_bytes(span) : 0;
   return span_block_at(span, p, &index) ? fm_class_size[cls] : 0;
 }
 
@@ -406,12 +417,15 @@ static bool blocks_all_free(const uint64_t *bits, uint32_t first, uint32_t last)
   return true;
 }
 
-/* Purges the pages of a partly used span that hold only free blocks. */
+/* Purges the pages of a partly used span that hold only free blocks; returns the bytes
+ * of those that were resident, so a second trim with nothing new to give back says so. */
 static size_t span_purge_free_pages(fm_span *span) {
   size_t size = span->block_size, released = 0;
   char *start = span->start;
   const uint64_t *bits = span_free_bits(span);
-  size_t pages = span_blocks_len(span) / FM_PAGE_SIZE, run = 0;
+  size_t pages = span_blocks_len(span) / FM_PAGE_SIZE, run = 0, run_resident = 0;
+  unsigned char resident[FM_SPAN_MAX_UNITS * FM_UNIT_SIZE / FM_PAGE_SIZE];
+  if (!os_resident_pages(start, pages * FM_PAGE_SIZE, resident)) memset(resident, 1, pages);
   for (size_t page = 0; page <= pages; page++) {
     bool purgeable = false;
     if (page < pages) {
@@ -420,10 +434,11 @@ static size_t span_purge_free_pages(fm_span *span) {
     }
     if (purgeable) {
       run++;
+      run_resident += resident[page] & 1;
     } else if (run) {
-      os_purge(start + (page - run) * FM_PAGE_SIZE, run * FM_PAGE_SIZE);
-      released += run * FM_PAGE_SIZE;
-      run = 0;
+      if (run_resident) os_purge(start + (page - run) * FM_PAGE_SIZE, run * FM_PAGE_SIZE);
+      released += run_resident * FM_PAGE_SIZE;
+      run = run_resident = 0;
     }
   }
   return released;

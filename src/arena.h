@@ -21,7 +21,6 @@ typedef struct fm_arena {
   fm_chunk *full_chunks;   /* chunks without one: never searched */
   uint64_t next_purge_ns;   /* when the next purge tick is due */
   uint64_t purge_epoch;     /* purge ticks so far */
-  uint32_t frees;           /* freeing calls, to read the clock only every 64th */
 } __attribute__((aligned(64))) fm_arena;
 
 extern fm_hidden fm_arena fm_arenas[FM_MAX_ARENAS];

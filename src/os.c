@@ -111,6 +111,13 @@ void os_purge(void *addr, size_t size) {
   errno = saved;
 }
 
+bool os_resident_pages(const void *addr, size_t size, unsigned char *vec) {
+  int saved = errno;
+  bool ok = mincore((void *)addr, size, vec) == 0;
+  errno = saved;
+  return ok;
+}
+
 static void *os_mremap(void *addr, size_t old_size, size_t new_size, int flags, void *dest) {
   int saved = errno;
   void *p = mremap(addr, old_size, new_size, flags, dest);

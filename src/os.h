@@ -14,6 +14,9 @@ void os_release_reserved(void *addr, size_t size);   /* a reserved range never m
 bool os_address_space_limited(void);              /* an RLIMIT_AS is in force */
 void os_unmap(void *addr, size_t size);
 void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */
+/* Which pages of [addr, addr + size) are resident: bit 0 of vec[i] for page i (mincore);
+ * false when the kernel cannot say. */
+bool os_resident_pages(const void *addr, size_t size, unsigned char *vec);
 /* Grows or shrinks a mapping in place; NULL when it cannot. */
 void *os_remap(void *addr, size_t old_size, size_t new_size);
 /* Resizes a mapping and moves it wherever the kernel likes (dest NULL) or to dest, which

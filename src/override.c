@@ -70,11 +70,12 @@ fm_api void *calloc(size_t count, size_t size) {
 }
 
 /* Bytes usable in block p (non-NULL) of unit class cls (fm_unit_class_checked); fatal
- * report op for a pointer that does not start a block of ours. */
+ * report op for a pointer that does not start a live block of ours (a freed one would be
+ * handed out twice: realloc would keep it while a cache still holds it). */
 static size_t usable_size(void *p, unsigned cls, const char *op) {
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p, op);
   size_t usable = cls ? arena_block_usable_size(p, cls) : 0;
-  if (!usable) os_fatal(op, p);
+  if (!usable || (cls <= FM_NUM_SPAN_CLASSES && tcache_block_is_free(p, cls))) os_fatal(op, p);
   return usable;
 }
 

@@ -347,10 +347,17 @@ static void tcache_flush_free_only(fm_tcache *tc, unsigned cls) {
   if (n) arena_free_blocks(batch, n);
 }
 
+/* Whether a free-only bin's limit holds enough blocks for batches worth their lock. */
+static bool free_only_enough(unsigned cls, int32_t limit) {
+  return limit >= FREE_ONLY_MIN_BLOCKS && (size_t)limit * fm_class_size[cls] >= FREE_ONLY_BIN_BYTES;
+}
+
 /* Free found the bin full. A bin this thread also allocates from grows, else gives its
  * older half back. A thread that only frees into it (the consumer of a producer) gains
  * nothing from holding its blocks: they all go back, with those of its other such bins in
- * the same batch, and the bin grows to a few KiB so that the batches stay large. */
+ * the same batch, and the bin's limit moves to a few KiB so that the batches stay large:
+ * up from its start, or down from what it grew to while the thread also allocated (the
+ * idle sweep never shrinks it: the bin is busy). */
 static void tcache_overflow(fm_tcache *tc, unsigned cls) {
   if (tc->activity[cls] & BIN_REFILLED) {
     if (!tcache_grow(tc, cls)) tcache_flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
@@ -359,8 +366,10 @@ static void tcache_overflow(fm_tcache *tc, unsigned cls) {
     tcache_flush_oldest(tc, cls, bin_count(tc, cls) - FREE_ONLY_BATCH);
     tcache_flush_free_only(tc, cls);
     int32_t limit = bin_limit(tc, cls);
-    if (limit < FREE_ONLY_MIN_BLOCKS || (size_t)limit * fm_class_size[cls] < FREE_ONLY_BIN_BYTES)
+    if (!free_only_enough(cls, limit))
       tcache_grow(tc, cls);
+    else if (limit / 2 >= limit_start[cls] && free_only_enough(cls, limit / 2))
+      tcache_set_limit(tc, cls, limit / 2);
   }
   tc->activity[cls] |= BIN_OVERFLOWED;
 }
@@ -435,6 +444,15 @@ static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   return false;
 }
 
+/* The mark alone is not proof: recycled memory holds old marks wherever blocks of another
+ * layout started, and a program may legally copy such uninitialized bytes into a live
+ * block's second word (gcc does, when built under LD_PRELOAD). So a marked block counts
+ * as free only when it is in this thread's bin or free in its span. (A dead or unset cache
+ * has no bins: all its bounds are NULL.) */
+bool tcache_block_is_free(void *p, unsigned cls) {
+  return mark_found(p, fm_mark) && (tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p));
+}
+
 static void free_slow(void *p, unsigned cls) {
   if (cls == 0) {
     if (p) os_fatal("free(): invalid pointer", p);
@@ -444,13 +462,7 @@ static void free_slow(void *p, unsigned cls) {
   if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
-  /* The mark alone is not proof: recycled memory holds old marks wherever blocks of another
-   * layout started, and a program may legally copy such uninitialized bytes into a live
-   * block's second word (gcc does, when built under LD_PRELOAD). So a double free is
-   * reported only when the block is in this thread's bin or free in its span. */
-  if (mark_found(p, fm_mark) &&
-      ((tc->state != FM_TCACHE_DEAD && tcache_bin_holds(tc, cls, p)) || arena_block_is_free(p)))
-    os_fatal("free(): double free detected", p);
+  if (tcache_block_is_free(p, cls)) os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
     arena_free_blocks(&p, 1);
     return;

@@ -110,6 +110,10 @@ static fm_always_inline void tcache_free(void *p) {
   tcache_push(cls, top, p, mark);
 }
 
+/* Whether small block p of class cls (a span class) is free already, as far as the
+ * double-free mark can tell: for the paths that must not take a freed block for a live one. */
+bool tcache_block_is_free(void *p, unsigned cls);
+
 /* Global set-up on the first call (before or without constructors); true when ready. */
 bool fm_init(void);
 /* The calling thread's arena, for paths that bypass the cache. */

@@ -61,6 +61,7 @@ static void test_trim_lowers_rss(void **state) {
   size_t rss2 = fmt_rss();
   print_message("heap %zu: rss %zu -> %zu -> %zu after malloc_trim\n", total, rss0, rss1, rss2);
   assert_int_equal(released, 1);
+  assert_int_equal(malloc_trim(0), 0);   /* nothing new to give back */
   if (rss2 > rss0 + total / 4)
     fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
 }
@@ -97,6 +98,25 @@ static void test_freed_heap_unmapped_without_trim(void **state) {
   if (mapped2 > mapped0 + total / 4)
     fail_msg("10 s after freeing a %zu-byte heap, %zu bytes are mapped (%zu before it)", total,
              mapped2, mapped0);
+}
+
+/* A program that reaches its arena seldom (one large block every 20 ms) still gets a freed
+ * heap purged a purge delay or two later, as every free that reaches the arena reads the
+ * clock. A bound on progress (at most 40 such frees, each 20 ms or more after the last:
+ * 8 purge delays), not a timing. */
+static void test_freed_heap_purged_at_few_arena_frees(void **state) {
+  malloc_trim(0);
+  size_t rss0 = fmt_rss();
+  size_t total = build_heap(0x44);
+  free_heap_shuffled(4);
+  int frees = 0;
+  while (fmt_rss() > rss0 + total / 4 && frees < 1000) {
+    usleep(20 * 1000);
+    free(fmt_launder(malloc(100 * FMT_KIB)));   /* a chunk span's block: an arena free */
+    frees++;
+  }
+  print_message("heap %zu: purged after %d arena frees 20 ms apart\n", total, frees);
+  if (frees > 40) fail_msg("a freed %zu-byte heap was still resident after %d arena frees", total, frees);
 }
 
 /* A freed large mapping waits in the large-block cache for the next large request; a
@@ -282,6 +302,7 @@ int main(void) {
       cmocka_unit_test(test_trim_lowers_rss),
       cmocka_unit_test(test_freed_heap_unmapped_without_trim),
       cmocka_unit_test(test_cached_mapping_unmapped_without_trim),
+      cmocka_unit_test(test_freed_heap_purged_at_few_arena_frees),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
       cmocka_unit_test(test_thread_churn_rss),

@@ -5,6 +5,7 @@
  * no block abort the same way. */
 #include "fm_test.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 /* The child must abort with one line "fastmalloc: <report> 0x...", whose report is
@@ -100,6 +101,48 @@ static void realloc_freed_mapped(void *arg) {
   free(realloc(fmt_launder(p), 3 * FMT_MIB));
 }
 
+/* A freed block is no block to resize or measure either: realloc would keep it while a
+ * cache holds it, and the next malloc would hand it out again. */
+static void realloc_freed(void *arg) {
+  char *p = malloc((uintptr_t)arg);
+  free(p);
+  free(realloc(fmt_launder(p), (uintptr_t)arg + 16));
+}
+
+static void usable_size_freed(void *arg) {
+  char *p = malloc((uintptr_t)arg);
+  free(p);
+  malloc_usable_size(fmt_launder(p));
+}
+
+/* An interior pointer waits in thread B's cache while main frees every block of its span
+ * and trims, which gives the span back (and unmaps its chunk, when nothing else uses it):
+ * B's flush at exit reports the pointer instead of reading metadata that is gone. */
+enum { STALE_BLOCKS = 100 };
+static void *stale_blocks[STALE_BLOCKS];
+static pthread_barrier_t stale_freed, stale_trimmed;
+
+static void *stale_thread(void *arg) {
+  for (int i = 0; i < STALE_BLOCKS; i++) stale_blocks[i] = fmt_launder(malloc(64));
+  malloc_trim(0);
+  free(fmt_launder((char *)stale_blocks[0] + 16));
+  pthread_barrier_wait(&stale_freed);
+  pthread_barrier_wait(&stale_trimmed);
+  return arg;
+}
+
+static void cached_pointer_outlives_span(void *arg) {
+  pthread_t t;
+  pthread_barrier_init(&stale_freed, NULL, 2);
+  pthread_barrier_init(&stale_trimmed, NULL, 2);
+  if (pthread_create(&t, NULL, stale_thread, NULL) != 0) _exit(90);
+  pthread_barrier_wait(&stale_freed);
+  for (int i = 0; i < STALE_BLOCKS; i++) free(stale_blocks[i]);
+  malloc_trim(0);
+  pthread_barrier_wait(&stale_trimmed);
+  pthread_join(t, NULL);
+}
+
 static void usable_size_interior(void *arg) {
   char *p = malloc((uintptr_t)arg);
   malloc_usable_size(fmt_launder(p + 16));
@@ -154,11 +197,21 @@ static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
   expect_abort(double_free_after_write, NULL, "double free after a write");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
+  expect_report(cached_pointer_outlives_span, NULL, "cached pointer whose span went back",
+                "free(): invalid pointer");
 }
 
 static void test_interior_pointers_measured(void **state) {
   expect_report(realloc_freed_mapped, NULL, "realloc of a freed mapped block",
                 "realloc(): invalid pointer");
+  /* Small blocks by the mark, so not in a build without it; large ones always. */
+  const size_t freed_sizes[] = {100, 5000, 40000, 500000};
+  for (unsigned i = FM_FREE_MARK ? 0 : 2; i < sizeof freed_sizes / sizeof freed_sizes[0]; i++) {
+    expect_report(realloc_freed, (void *)(uintptr_t)freed_sizes[i], "realloc of a freed block",
+                  "realloc(): invalid pointer");
+    expect_report(usable_size_freed, (void *)(uintptr_t)freed_sizes[i],
+                  "malloc_usable_size of a freed block", "malloc_usable_size(): invalid pointer");
+  }
   const size_t sizes[] = {64, 4000, 40000, 2 * FMT_MIB};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     expect_report(realloc_interior, (void *)(uintptr_t)sizes[i], "realloc of an interior pointer",
