@@ -27,19 +27,45 @@ static size_t map_first, map_units;
 /* Which pages of the reservation have been made writable (one bit a page). */
 static _Atomic uint64_t fm_unit_map_writable[FM_UNIT_MAP_PAGES / 64];
 
-/* The windowed map: the window, centred on its own mapping, and one read-only zero page
- * where the fast path's indexing puts units 0 .. 4095 (addresses below 256 MiB), so that
- * free(NULL) reads "not ours" there. The window moves by a page of units (256 MiB) at a
- * time until that page's place is free. */
+/* Where a windowed map goes when it can: far from everything the kernel places by itself
+ * (the executable and brk near 0x55.. TiB, the mmap area and stacks just below
+ * 0x7fff.. TiB). free() reads a foreign pointer's entry up to 2 GiB either side of the map
+ * (the fast path does not check the window), so there it finds unmapped space and faults,
+ * rather than a stray byte of another mapping that could pass for a size class. */
+static const uintptr_t quiet_places[] = {0x200000000000, 0x300000000000, 0x100000000000};
+
+/* Reserves the map's window at `at`, and the read-only zero page where the fast path's
+ * indexing puts units 0 .. 4095 (addresses below 256 MiB), so that free(NULL) reads "not
+ * ours" there (a window from unit 0 holds those entries itself). */
+static bool window_reserve_at(uint8_t *at, size_t first) {
+  if (!os_reserve_readonly_at(at, map_units)) return false;
+  if (first >= FM_PAGE_SIZE && !os_reserve_readonly_at(at - first, FM_PAGE_SIZE)) {
+    os_release_reserved(at, map_units);
+    return false;
+  }
+  return true;
+}
+
+/* The windowed map: the window centred where the kernel maps by itself (where the chunks
+ * will be), the map in a quiet place; failing that, the map where the kernel put it, the
+ * window moving by a page of units (256 MiB) at a time until the zero page's place is free. */
 static bool unit_map_window(void) {
   map_units = FM_UNIT_MAP_WINDOW_UNITS;
-  map_start = os_reserve_readonly(map_units);
-  if (!map_start) return false;
-  size_t centre = (uintptr_t)map_start >> FM_UNIT_SHIFT;
+  uint8_t *probe = os_reserve_readonly(map_units);
+  if (!probe) return false;
+  size_t centre = (uintptr_t)probe >> FM_UNIT_SHIFT;
   size_t first = centre > map_units / 2 ? centre - map_units / 2 : 0;
   if (first > FM_UNIT_MAP_BYTES - map_units) first = FM_UNIT_MAP_BYTES - map_units;
   first &= ~(size_t)(FM_PAGE_SIZE - 1);   /* so the zero page's place is page-aligned */
-  /* (a window from unit 0 holds those entries itself) */
+  for (unsigned i = 0; i < sizeof quiet_places / sizeof quiet_places[0]; i++) {
+    uint8_t *at = (uint8_t *)quiet_places[i];
+    if (!window_reserve_at(at, first)) continue;
+    os_release_reserved(probe, map_units);
+    map_start = at;
+    map_first = first;
+    return true;
+  }
+  map_start = probe;
   for (unsigned tries = 0; first >= FM_PAGE_SIZE; tries++, first -= FM_PAGE_SIZE) {
     if (tries == 64) {   /* set-up fails for good: the reservation can stay */
       map_start = NULL;
