@@ -1,9 +1,10 @@
 /* Run under an address-space limit (ulimit -v 1000000) far smaller than the unit map's
  * usual 2 GiB reservation, so fastmalloc falls back to a windowed unit map. Small, span and
  * mapped blocks must all work there, without touching errno; a request beyond the limit
- * must answer NULL with ENOMEM; a stack pointer must not be taken for a block. Then the
- * heap is filled up: a shrinking realloc must still work, and once everything is freed a
- * big block must fit again. Threads on arenas of their own map chunks ahead, which a
+ * must answer NULL with ENOMEM; a stack pointer must not be taken for a block, and the map
+ * must lie where a foreign pointer's entry reads unmapped space. Then the heap is filled
+ * up: a shrinking realloc must still work, and once everything is freed a big block must
+ * fit again. Threads on arenas of their own map chunks ahead, which a
  * request that needs their address space must get once the threads are gone. Last, a
  * realloc that must move a block whose old and new size do not fit in the address space
  * together. Exit 0 on success. */
@@ -16,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fastmalloc.h"
 
@@ -113,6 +116,35 @@ static int realloc_moves_tightly(void) {
   return 0;
 }
 
+/* The windowed map lies in a quiet part of the address space (its 16 MiB start at 16, 32
+ * or 48 TiB), so that free() of a foreign pointer outside the window, which reads
+ * its entry up to 2 GiB from the map, faults there instead of reading a stray byte of a
+ * nearby mapping; such a free (of a global here) must never return. */
+static int map_in_quiet_place(void) {
+  FILE *maps = fopen("/proc/self/maps", "r");
+  if (!maps) return fail("reading /proc/self/maps", 0);
+  char line[512];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, maps)) {
+    unsigned long start;   /* (the pages made writable split the map into several lines) */
+    if (sscanf(line, "%lx-", &start) != 1) continue;
+    found = start == 0x100000000000ul || start == 0x200000000000ul || start == 0x300000000000ul;
+  }
+  fclose(maps);
+  if (!found) return fail("the windowed unit map is not in a quiet place", 0);
+  static char global[64];
+  pid_t child = fork();
+  if (child < 0) return fail("fork", 0);
+  if (child == 0) {
+    free(global + 16);
+    _exit(0);
+  }
+  int status;
+  if (waitpid(child, &status, 0) != child || !WIFSIGNALED(status))
+    return fail("free of a global outside the window returned", 0);
+  return 0;
+}
+
 int main(void) {
   errno = 0;
   for (unsigned i = 0; i < 2000; i++) {
@@ -137,7 +169,8 @@ int main(void) {
   if (malloc(too_big) || errno != ENOMEM) return fail("malloc over the limit", too_big);
   int local;
   if (fm_owns(&local)) return fail("fm_owns(stack pointer)", 0);
-  if (arenas_given_back() || exhaust_and_recover() || realloc_moves_tightly()) return 1;
+  if (map_in_quiet_place() || arenas_given_back() || exhaust_and_recover() || realloc_moves_tightly())
+    return 1;
   puts("every request within the limit worked");
   return 0;
 }
