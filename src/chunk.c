@@ -77,6 +77,37 @@ static bool unit_map_window(void) {
   return true;
 }
 
+/* A window narrowed in place (map_start, map_first, map_units and the writable bitmap
+ * already the window's) moves to a quiet place, as a windowed map set up under a limit
+ * lies: the holes just given back around it are where new mappings, ours among them, go,
+ * and a foreign pointer's entry would be read there. Its pages that hold entries are
+ * copied; the old window and zero page go. False, nothing changed, when it cannot. */
+static bool window_move_to_quiet_place(void) {
+  uint8_t *old = map_start;
+  for (unsigned i = 0; i < sizeof quiet_places / sizeof quiet_places[0]; i++) {
+    uint8_t *at = (uint8_t *)quiet_places[i];
+    if (!window_reserve_at(at, map_first)) continue;
+    bool copied = true;
+    for (size_t page = 0; copied && page < map_units / FM_PAGE_SIZE; page++) {
+      uint64_t bits = atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_relaxed);
+      if (!(bits >> (page % 64) & 1)) continue;
+      copied = os_make_writable(at + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
+      if (copied) memcpy(at + page * FM_PAGE_SIZE, old + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
+    }
+    if (!copied) {
+      os_release_reserved(at, map_units);
+      if (map_first >= FM_PAGE_SIZE) os_release_reserved(at - map_first, FM_PAGE_SIZE);
+      continue;
+    }
+    fm_unit_map = at - map_first;
+    map_start = at;
+    os_release_reserved(old, map_units);
+    if (map_first >= FM_PAGE_SIZE) os_release_reserved(old - map_first, FM_PAGE_SIZE);
+    return true;
+  }
+  return false;
+}
+
 bool fm_unit_map_init(void) {
   map_start = os_reserve_readonly(FM_UNIT_MAP_BYTES);
   if (map_start)
@@ -123,10 +154,12 @@ size_t fm_unit_map_narrow(void) {
       bits = atomic_load_explicit(&fm_unit_map_writable[first / 64 + w], memory_order_relaxed);
     atomic_store_explicit(&fm_unit_map_writable[w], bits, memory_order_relaxed);
   }
-  /* fm_unit_map stays: the window's entries keep their addresses. */
   map_first = first * FM_PAGE_SIZE;
   map_start += map_first;
   map_units = FM_UNIT_MAP_WINDOW_UNITS;
+  /* (The move takes as much address space as it gives back; when it cannot be made,
+   * fm_unit_map stays: the entries keep their place.) */
+  window_move_to_quiet_place();
   return released;
 }
 
