@@ -4,10 +4,10 @@
  * must answer NULL with ENOMEM; a stack pointer must not be taken for a block, and the map
  * must lie where a foreign pointer's entry reads unmapped space. Then the heap is filled
  * up: a shrinking realloc must still work, and once everything is freed a big block must
- * fit again. Threads on arenas of their own map chunks ahead, which a
- * request that needs their address space must get once the threads are gone. Last, a
- * realloc that must move a block whose old and new size do not fit in the address space
- * together. Exit 0 on success. */
+ * fit again. Threads spread over the arenas, each of which maps chunks ahead: a request
+ * that needs that address space must get it once the threads are gone. Last, a realloc
+ * that must move a block whose old and new size do not fit in the address space together.
+ * Exit 0 on success. */
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>

@@ -312,6 +312,11 @@ static void test_realloc_zero_frees(void **state) {
 
 /* Same pointer while n fits the block and wastes at most half of it. */
 static void test_realloc_in_place(void **state) {
+  /* Also below half, when no smaller class would serve the new size. */
+  void *smallest = malloc(16);
+  assert_non_null(smallest);
+  if (realloc(smallest, 1) != smallest) fail_msg("realloc(malloc(16), 1) moved the block");
+  free(smallest);
   size_t cls[FMT_MAX_CLASSES];
   unsigned nc = fmt_class_sizes(cls);
   for (unsigned i = 0; i < nc; i++) {
@@ -654,6 +659,41 @@ static void test_fm_owns_foreign(void **state) {
   assert_false(fm_owns((void *)UINTPTR_MAX));
 }
 
+/* malloc_stats prints one line to stderr: the mapped bytes, as glibc's prints its totals. */
+static void print_malloc_stats(void *arg) {
+  void *p = malloc(FMT_MIB);   /* something mapped */
+  malloc_stats();
+  free(p);
+}
+
+static void test_malloc_stats_line(void **state) {
+  char err[256];
+  int status = fmt_run_child(print_malloc_stats, NULL, 30, err, sizeof err);
+  fmt_assert_child_ok(status, err);
+  const char *prefix = "fastmalloc: mapped bytes = ";
+  char *end;
+  if (strncmp(err, prefix, strlen(prefix)) != 0) fail_msg("malloc_stats wrote \"%s\"", err);
+  unsigned long long mapped = strtoull(err + strlen(prefix), &end, 10);
+  if (mapped < FMT_MIB || strcmp(end, "\n") != 0) fail_msg("malloc_stats wrote \"%s\"", err);
+}
+
+/* A block shrunk to less than half moves to a smaller one, contents kept: realloc does not
+ * pin a big block for a small request. */
+static void test_realloc_shrink_moves(void **state) {
+  const size_t from[] = {1024, 32768, 300 * FMT_KIB, 5 * FMT_MIB};
+  for (unsigned i = 0; i < sizeof from / sizeof from[0]; i++) {
+    char *p = malloc(from[i]);
+    assert_non_null(p);
+    fmt_fill(p, 100, i);
+    char *q = realloc(p, 100);
+    assert_non_null(q);
+    if (malloc_usable_size(q) >= from[i] / 2)
+      fail_msg("realloc(malloc(%zu), 100) kept %zu usable bytes", from[i], malloc_usable_size(q));
+    assert_true(fmt_check(q, 100, i));
+    free(q);
+  }
+}
+
 /* The minimal mallinfo/mallopt/malloc_info/malloc_trim answers: the mapped bytes, "accepted",
  * and a trim that releases the pages of a block just freed. */
 static void test_malloc_info_family(void **state) {
@@ -667,6 +707,10 @@ static void test_malloc_info_family(void **state) {
   size_t mapped = fm_mapped_bytes();   /* the stream's own buffer comes after this */
   assert_true(mapped >= FMT_MIB);
   assert_int_equal(mallinfo2().arena, mapped);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  assert_int_equal((size_t)mallinfo().arena, mapped);   /* (mapped is far below INT_MAX here) */
+#pragma GCC diagnostic pop
   assert_int_equal(malloc_info(0, f), 0);
   assert_int_equal(malloc_info(1, f), EINVAL);
   fclose(f);
@@ -746,6 +790,8 @@ int main(void) {
       cmocka_unit_test(test_realloc_null),
       cmocka_unit_test(test_realloc_zero_frees),
       cmocka_unit_test(test_realloc_in_place),
+      cmocka_unit_test(test_realloc_shrink_moves),
+      cmocka_unit_test(test_malloc_stats_line),
       cmocka_unit_test(test_realloc_moves_preserve),
       cmocka_unit_test(test_realloc_failure),
       cmocka_unit_test(test_reallocarray),

@@ -129,6 +129,57 @@ static void test_freed_heap_purged_at_few_arena_frees(void **state) {
   if (frees > 60) fail_msg("a freed %zu-byte heap was still resident after %d arena frees", total, frees);
 }
 
+/* A thread's cache holds at most its byte budget (FASTMALLOC_TCACHE_MAX, 4 MiB by default):
+ * a thread that malloc'ed and freed 2 MiB of each class from 1 KiB to 4 KiB over and over,
+ * so that its bins grew, then waits, pins no more than that (plus a little) after the main
+ * thread's trim, which cannot reach its cache. Without the budget it pins 8.6 MiB. */
+enum { BUDGET_CLASSES = 9, BUDGET_BYTES_PER_CLASS = 2 << 20, BUDGET_MOST_BLOCKS = 2048 };
+static void *budget_blocks[BUDGET_CLASSES][BUDGET_MOST_BLOCKS];
+static pthread_barrier_t budget_phase;
+
+static size_t budget_class_size(unsigned c) {   /* 1, 1.25, 1.5, 1.75, 2, ..., 3.5 KiB, 4 KiB */
+  return c == BUDGET_CLASSES - 1 ? 4096 : (1024u << (c / 4)) + (c % 4) * (256u << (c / 4));
+}
+
+static void *grow_cache_then_wait(void *arg) {
+  for (int round = 0; round < 6; round++) {
+    for (int pass = 0; pass < 2; pass++) {
+      for (unsigned c = 0; c < BUDGET_CLASSES; c++) {
+        size_t size = budget_class_size(c), n = BUDGET_BYTES_PER_CLASS / size;
+        if (n > BUDGET_MOST_BLOCKS) n = BUDGET_MOST_BLOCKS;
+        for (size_t i = 0; i < n; i++) {
+          if (pass == 0) {
+            assert_non_null(budget_blocks[c][i] = malloc(size));
+            memset(budget_blocks[c][i], 1, size);
+          } else {
+            free(budget_blocks[c][i]);
+          }
+        }
+      }
+    }
+  }
+  pthread_barrier_wait(&budget_phase);   /* its cache grown */
+  pthread_barrier_wait(&budget_phase);   /* measured */
+  return arg;
+}
+
+static void test_thread_cache_within_budget(void **state) {
+  malloc_trim(0);
+  size_t rss0 = fmt_rss();
+  pthread_t t;
+  assert_int_equal(pthread_barrier_init(&budget_phase, NULL, 2), 0);
+  assert_int_equal(pthread_create(&t, NULL, grow_cache_then_wait, NULL), 0);
+  pthread_barrier_wait(&budget_phase);
+  malloc_trim(0);
+  size_t rss1 = fmt_rss();
+  pthread_barrier_wait(&budget_phase);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  pthread_barrier_destroy(&budget_phase);
+  print_message("a waiting thread's grown cache pins %zu KiB\n", (rss1 - rss0) >> 10);
+  if (rss1 > rss0 + 6 * FMT_MIB)
+    fail_msg("RSS %zu with a waiting thread's grown cache, %zu before: over its 4 MiB budget", rss1, rss0);
+}
+
 /* A freed large mapping waits in the large-block cache for the next large request; a
  * program that then only allocates small blocks still gets it unmapped by the purge
  * ticks its frees run. The same bound on progress as above. */
@@ -313,6 +364,7 @@ int main(void) {
       cmocka_unit_test(test_freed_heap_unmapped_without_trim),
       cmocka_unit_test(test_cached_mapping_unmapped_without_trim),
       cmocka_unit_test(test_freed_heap_purged_at_few_arena_frees),
+      cmocka_unit_test(test_thread_cache_within_budget),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
       cmocka_unit_test(test_thread_churn_rss),

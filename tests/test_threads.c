@@ -585,6 +585,48 @@ static void test_large_blocks_across_threads(void **state) {
     fail_msg("mapped %zu before the threads, %zu after them and malloc_trim(0)", before, after);
 }
 
+/* FASTMALLOC_ARENAS takes effect: with 16 arenas (the test_threads_16_arenas run), 8 live
+ * threads each take an arena of their own, so their first blocks lie in 8 different chunks
+ * (an arena's chunks are its own). With the default (one arena per CPU) there may be fewer
+ * arenas than threads, and nothing to tell. */
+enum { OWN_ARENA_THREADS = 8 };
+static pthread_barrier_t all_allocated;
+
+static void *allocate_and_wait(void *arg) {
+  void **block = arg;
+  *block = malloc(64);
+  pthread_barrier_wait(&all_allocated);   /* all alive at once: none reuses another's arena */
+  pthread_barrier_wait(&all_allocated);
+  free(*block);
+  return NULL;
+}
+
+static void test_threads_take_own_arenas(void **state) {
+  const char *setting = getenv("FASTMALLOC_ARENAS");
+  if (!setting || atoi(setting) <= OWN_ARENA_THREADS) {
+    print_message("FASTMALLOC_ARENAS=%s: checked in the run with 16 arenas\n", setting ? setting : "");
+    return;
+  }
+  pthread_t t[OWN_ARENA_THREADS];
+  void *block[OWN_ARENA_THREADS];
+  assert_int_equal(pthread_barrier_init(&all_allocated, NULL, OWN_ARENA_THREADS + 1), 0);
+  for (int i = 0; i < OWN_ARENA_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, allocate_and_wait, &block[i]), 0);
+  pthread_barrier_wait(&all_allocated);
+  unsigned distinct = 0;
+  for (int i = 0; i < OWN_ARENA_THREADS; i++) {
+    uintptr_t chunk = (uintptr_t)block[i] >> 22;   /* 4 MiB chunks */
+    bool seen = false;
+    for (int j = 0; j < i; j++) seen |= ((uintptr_t)block[j] >> 22) == chunk;
+    distinct += !seen;
+  }
+  pthread_barrier_wait(&all_allocated);
+  for (int i = 0; i < OWN_ARENA_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  pthread_barrier_destroy(&all_allocated);
+  if (distinct != OWN_ARENA_THREADS)
+    fail_msg("%d live threads with %s arenas allocated in %u chunks", OWN_ARENA_THREADS, setting, distinct);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
@@ -596,6 +638,7 @@ int main(void) {
       cmocka_unit_test(test_key_destructor_after_cache),
       cmocka_unit_test(test_calloc_after_remote_free),
       cmocka_unit_test(test_large_blocks_across_threads),
+      cmocka_unit_test(test_threads_take_own_arenas),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
