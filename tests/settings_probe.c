@@ -1,9 +1,11 @@
 /* Run with FASTMALLOC_PURGE_DELAY_MS=1000000 and FASTMALLOC_ARENAS=1 (ctest sets them): the
- * settings take effect. With a purge delay of 1000 s, a heap that another thread built and
- * freed stays resident through 30 arena frees 20 ms apart (with the default 100 ms it goes
- * within a few: test_freed_heap_purged_at_few_arena_frees); and freed large mappings, kept
- * that long, still stay within the large-block cache's 64 MiB. Exit 0 on success. */
+ * settings take effect. With one arena, two threads allocate from the same span. With a
+ * purge delay of 1000 s, a heap that another thread built and freed stays resident through
+ * 30 arena frees 20 ms apart (with the default 100 ms it goes within a few:
+ * test_freed_heap_purged_at_few_arena_frees); and freed large mappings, kept that long,
+ * still stay within the large-block cache's 64 MiB. Exit 0 on success. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +37,32 @@ static void *build_and_free_heap(void *arg) {
   return arg;
 }
 
+static void *malloc_64(void *out) {
+  *(void **)out = malloc(64);
+  return NULL;
+}
+
 int main(void) {
   const char *delay = getenv("FASTMALLOC_PURGE_DELAY_MS");
   if (!delay || strcmp(delay, "1000000") != 0) {
     puts("FAIL: run with FASTMALLOC_PURGE_DELAY_MS=1000000 FASTMALLOC_ARENAS=1");
     return 1;
   }
+  /* One arena: another thread's first block comes from the same span as main's (a span
+   * holds hundreds of 64-byte blocks), so from the same 4 MiB chunk. */
+  void *mine = malloc(64), *theirs = NULL;
+  pthread_t other;
+  if (!mine || pthread_create(&other, NULL, malloc_64, &theirs) != 0 || pthread_join(other, NULL) != 0 ||
+      !theirs) {
+    puts("FAIL: the 64-byte blocks");
+    return 1;
+  }
+  if ((uintptr_t)mine >> 22 != (uintptr_t)theirs >> 22) {
+    printf("FAIL: with one arena, two threads' blocks %p and %p lie in different chunks\n", mine, theirs);
+    return 1;
+  }
+  free(mine);
+  free(theirs);
   size_t rss0 = rss();
   static int built;
   pthread_t t;
