@@ -34,16 +34,24 @@ static _Atomic uint64_t fm_unit_map_writable[FM_UNIT_MAP_PAGES / 64];
  * rather than a stray byte of another mapping that could pass for a size class. */
 static const uintptr_t quiet_places[] = {0x200000000000, 0x300000000000, 0x100000000000};
 
-/* Reserves the map's window at `at`, and the read-only zero page where the fast path's
- * indexing puts units 0 .. 4095 (addresses below 256 MiB), so that free(NULL) reads "not
- * ours" there (a window from unit 0 holds those entries itself). */
-static bool window_reserve_at(uint8_t *at, size_t first) {
-  if (!os_reserve_readonly_at(at, map_units)) return false;
-  if (first >= FM_PAGE_SIZE && !os_reserve_readonly_at(at - first, FM_PAGE_SIZE)) {
+/* Gives back a window at `at` and its zero page (see window_reserve_quiet). */
+static void window_release(uint8_t *at, size_t first) {
+  os_release_reserved(at, map_units);
+  if (first >= FM_PAGE_SIZE) os_release_reserved(at - first, FM_PAGE_SIZE);
+}
+
+/* Reserves the map's window (map_units entries from unit `first`) at the first quiet place
+ * free, with the read-only zero page where the fast path's indexing puts units 0 .. 4095
+ * (addresses below 256 MiB), so that free(NULL) reads "not ours" there (a window from unit
+ * 0 holds those entries itself); NULL when no place is free. */
+static uint8_t *window_reserve_quiet(size_t first) {
+  for (unsigned i = 0; i < sizeof quiet_places / sizeof quiet_places[0]; i++) {
+    uint8_t *at = (uint8_t *)quiet_places[i];
+    if (!os_reserve_readonly_at(at, map_units)) continue;
+    if (first < FM_PAGE_SIZE || os_reserve_readonly_at(at - first, FM_PAGE_SIZE)) return at;
     os_release_reserved(at, map_units);
-    return false;
   }
-  return true;
+  return NULL;
 }
 
 /* The windowed map: the window centred where the kernel maps by itself (where the chunks
@@ -57,11 +65,9 @@ static bool unit_map_window(void) {
   size_t first = centre > map_units / 2 ? centre - map_units / 2 : 0;
   if (first > FM_UNIT_MAP_BYTES - map_units) first = FM_UNIT_MAP_BYTES - map_units;
   first &= ~(size_t)(FM_PAGE_SIZE - 1);   /* so the zero page's place is page-aligned */
-  for (unsigned i = 0; i < sizeof quiet_places / sizeof quiet_places[0]; i++) {
-    uint8_t *at = (uint8_t *)quiet_places[i];
-    if (!window_reserve_at(at, first)) continue;
+  map_start = window_reserve_quiet(first);
+  if (map_start) {
     os_release_reserved(probe, map_units);
-    map_start = at;
     map_first = first;
     return true;
   }
@@ -81,31 +87,22 @@ static bool unit_map_window(void) {
  * already the window's) moves to a quiet place, as a windowed map set up under a limit
  * lies: the holes just given back around it are where new mappings, ours among them, go,
  * and a foreign pointer's entry would be read there. Its pages that hold entries are
- * copied; the old window and zero page go. False, nothing changed, when it cannot. */
-static bool window_move_to_quiet_place(void) {
-  uint8_t *old = map_start;
-  for (unsigned i = 0; i < sizeof quiet_places / sizeof quiet_places[0]; i++) {
-    uint8_t *at = (uint8_t *)quiet_places[i];
-    if (!window_reserve_at(at, map_first)) continue;
-    bool copied = true;
-    for (size_t page = 0; copied && page < map_units / FM_PAGE_SIZE; page++) {
-      uint64_t bits = atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_relaxed);
-      if (!(bits >> (page % 64) & 1)) continue;
-      copied = os_make_writable(at + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
-      if (copied) memcpy(at + page * FM_PAGE_SIZE, old + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
+ * copied; the old window and zero page go. Nothing changes when it cannot be done. */
+static void window_move_to_quiet_place(void) {
+  uint8_t *at = window_reserve_quiet(map_first);
+  if (!at) return;
+  for (size_t page = 0; page < map_units / FM_PAGE_SIZE; page++) {
+    uint64_t bits = atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_relaxed);
+    if (!(bits >> (page % 64) & 1)) continue;
+    if (!os_make_writable(at + page * FM_PAGE_SIZE, FM_PAGE_SIZE)) {
+      window_release(at, map_first);
+      return;
     }
-    if (!copied) {
-      os_release_reserved(at, map_units);
-      if (map_first >= FM_PAGE_SIZE) os_release_reserved(at - map_first, FM_PAGE_SIZE);
-      continue;
-    }
-    fm_unit_map = at - map_first;
-    map_start = at;
-    os_release_reserved(old, map_units);
-    if (map_first >= FM_PAGE_SIZE) os_release_reserved(old - map_first, FM_PAGE_SIZE);
-    return true;
+    memcpy(at + page * FM_PAGE_SIZE, map_start + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
   }
-  return false;
+  fm_unit_map = at - map_first;
+  window_release(map_start, map_first);
+  map_start = at;
 }
 
 bool fm_unit_map_init(void) {

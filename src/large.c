@@ -63,19 +63,15 @@ static size_t round_unit(size_t n) { return (n + FM_UNIT_SIZE - 1) & ~(FM_UNIT_S
 
 static large_hdr *header_of(const void *p) { return (large_hdr *)p - 1; }
 
-static const char free_invalid[] = "free(): invalid pointer";
-
-/* The header of live block p, or a fatal report: op, or for free() of a block freed
- * already, a double free. */
-static large_hdr *live_header(const void *p, const char *op) {
+/* The header of live block p, or a fatal report: op, or freed_op for a block freed already
+ * (free names a double free, the other calls their own misuse). */
+static large_hdr *live_header(const void *p, const char *op, const char *freed_op) {
   if (((uintptr_t)p & 15) ||
       fm_unit_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
     os_fatal(op, p);
   large_hdr *h = header_of(p);
-  if (h->check != ((uintptr_t)p ^ fm_mark)) {
-    bool freed = h->check == ((uintptr_t)p ^ ~fm_mark);
-    os_fatal(freed && op == free_invalid ? "free(): double free detected" : op, p);
-  }
+  if (h->check != ((uintptr_t)p ^ fm_mark))
+    os_fatal(h->check == ((uintptr_t)p ^ ~fm_mark) ? freed_op : op, p);
   return h;
 }
 
@@ -293,7 +289,7 @@ void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh)
 }
 
 void large_free(void *p, const fm_arena *arena) {
-  large_hdr *h = live_header(p, free_invalid);
+  large_hdr *h = live_header(p, "free(): invalid pointer", "free(): double free detected");
   h->check = (uintptr_t)p ^ ~fm_mark;
   if ((char *)p == h->base + LARGE_OFFSET &&
       cache_put((unsigned)(arena - fm_arenas), h->base, h->map_size))
@@ -302,12 +298,12 @@ void large_free(void *p, const fm_arena *arena) {
 }
 
 size_t large_usable_size(const void *p, const char *op) {
-  large_hdr *h = live_header(p, op);
+  large_hdr *h = live_header(p, op, op);
   return (size_t)(h->base + h->map_size - (const char *)p);
 }
 
 void *large_realloc(void *p, size_t size) {
-  large_hdr *h = live_header(p, "realloc(): invalid pointer");
+  large_hdr *h = live_header(p, "realloc(): invalid pointer", "realloc(): invalid pointer");
   char *base = h->base;
   size_t offset = (size_t)((char *)p - base), old = h->map_size;
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;

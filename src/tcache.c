@@ -523,13 +523,21 @@ static void fork_prepare(void) {
   fm_fork_holder = 1;
 }
 
-static void fork_parent(void) {
+/* True in the parent or child handler that ends the outer fork's window, the locks taken:
+ * the handlers of a nested fork only count down. The holder mark goes first, or the
+ * unlocks that follow would pass through too. */
+static bool fork_window_ends(void) {
   if (fm_fork_holder > 1) {
     fm_fork_holder--;
-    return;
+    return false;
   }
-  if (!fork_locked) return;
-  fm_fork_holder = 0;   /* first, or the unlocks would pass through too */
+  if (!fork_locked) return false;
+  fm_fork_holder = 0;
+  return true;
+}
+
+static void fork_parent(void) {
+  if (!fork_window_ends()) return;
   arena_unlock_all();
   large_unlock_all();
   fm_unlock(&pool_lock, true);
@@ -537,12 +545,7 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
-  if (fm_fork_holder > 1) {
-    fm_fork_holder--;
-    return;
-  }
-  if (!fork_locked) return;
-  fm_fork_holder = 0;
+  if (!fork_window_ends()) return;
   /* The other threads' caches are gone with their threads. */
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "fastmalloc.h"
+#include "unit_map_place.h"
 
 static int fail(const char *what, size_t n) {
   printf("FAIL: %s (size %zu, errno %d)\n", what, n, errno);
@@ -121,17 +122,7 @@ static int realloc_moves_tightly(void) {
  * its entry up to 2 GiB from the map, faults there instead of reading a stray byte of a
  * nearby mapping; such a free (of a global here) must never return. */
 static int map_in_quiet_place(void) {
-  FILE *maps = fopen("/proc/self/maps", "r");
-  if (!maps) return fail("reading /proc/self/maps", 0);
-  char line[512];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, maps)) {
-    unsigned long start;   /* (the pages made writable split the map into several lines) */
-    if (sscanf(line, "%lx-", &start) != 1) continue;
-    found = start == 0x100000000000ul || start == 0x200000000000ul || start == 0x300000000000ul;
-  }
-  fclose(maps);
-  if (!found) return fail("the windowed unit map is not in a quiet place", 0);
+  if (!unit_map_in_quiet_place()) return fail("the windowed unit map is not in a quiet place", 0);
   static char global[64];
   pid_t child = fork();
   if (child < 0) return fail("fork", 0);

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include "fastmalloc.h"
+#include "unit_map_place.h"
 
 /* The unit map's 2 GiB reservation: the anonymous mappings around its largest read-only
  * piece (the pages holding entries are read-write and split it). */
@@ -82,16 +83,7 @@ int main(void) {
   }
   /* The narrowed map moved to a quiet place (its window starts at 16, 32 or 48 TiB), so a
    * foreign pointer's entry is not read in the holes it gave back. */
-  FILE *maps = fopen("/proc/self/maps", "r");
-  char line[512];
-  bool quiet = false;
-  while (maps && !quiet && fgets(line, sizeof line, maps)) {
-    unsigned long start;
-    quiet = sscanf(line, "%lx-", &start) == 1 &&
-            (start == 0x100000000000ul || start == 0x200000000000ul || start == 0x300000000000ul);
-  }
-  if (maps) fclose(maps);
-  if (!quiet) {
+  if (!unit_map_in_quiet_place()) {
     puts("FAIL: the narrowed unit map did not move to a quiet place");
     return 1;
   }
