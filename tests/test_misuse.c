@@ -87,6 +87,23 @@ static void free_span_tail(void *arg) {
   malloc_trim(0);
 }
 
+/* A misaligned pointer into a block as a new thread's first call: its cache is not set up
+ * yet, so free takes the slow path, which reports it there and then. (The cache would take
+ * it, to be caught only when given back: the line after free() shows that it returned.) */
+static void *free_misaligned_first(void *block) {
+  free(fmt_launder((char *)block + 8));
+  static const char returned[] = "free() returned\n";
+  if (write(2, returned, sizeof returned - 1) < 0) abort();
+  return NULL;
+}
+
+static void free_misaligned_slow_path(void *arg) {
+  pthread_t thread;
+  void *block = malloc(64);
+  if (!block || pthread_create(&thread, NULL, free_misaligned_first, block) != 0) abort();
+  pthread_join(thread, NULL);
+}
+
 /* A pointer inside a block (small, a span of its own, or mapped) is no block to resize
  * or measure. */
 static void realloc_interior(void *arg) {
@@ -197,6 +214,8 @@ static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
   expect_abort(double_free_after_write, NULL, "double free after a write");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
+  expect_report(free_misaligned_slow_path, NULL, "misaligned free on the slow path",
+                "free(): invalid pointer");
   expect_report(cached_pointer_outlives_span, NULL, "cached pointer whose span went back",
                 "free(): invalid pointer");
 }
