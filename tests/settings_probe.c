@@ -3,9 +3,10 @@
  * purge delay of 1000 s, a heap that another thread built and freed stays resident through
  * 30 arena frees 20 ms apart (with the default 100 ms it goes within a few:
  * test_freed_heap_purged_at_few_arena_frees); and freed large mappings, kept that long,
- * still stay within the large-block cache's 64 MiB. Then, with one arena (so threads map no
- * chunks of their own), the bins' arrays of finished threads: pooled, at most 256 of them,
- * and unmapped by malloc_trim. Exit 0 on success. */
+ * still stay within the large-block cache's 64 MiB. Then the bins' arrays of threads: the
+ * pages a thread's grown bins took go back at its exit (nothing else is purged meanwhile);
+ * with one arena (so threads map no chunks of their own), finished threads' arrays are
+ * pooled, at most 256 of them, and unmapped by malloc_trim. Exit 0 on success. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
