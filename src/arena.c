@@ -486,6 +486,29 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   return released;
 }
 
+size_t arena_used_bytes(void) {
+  bool threaded = fm_threaded();
+  size_t used = 0;
+  for (unsigned i = 0; i < fm_arena_count; i++) {
+    fm_arena *arena = &fm_arenas[i];
+    fm_lock(&arena->lock, threaded);
+    for (int full = 0; full < 2; full++)
+      for (fm_chunk *chunk = full ? arena->full_chunks : arena->chunks; chunk; chunk = chunk->next)
+        for (unsigned unit = 1; unit < FM_UNITS_PER_CHUNK;) {
+          if (chunk->free_units >> unit & 1) {
+            unit++;
+            continue;
+          }
+          const fm_span *span = &chunk->spans[unit];
+          if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * fm_class_size[span->cls];
+          else if (span->used) used += span_bytes(span);
+          unit += span->units;
+        }
+    fm_unlock(&arena->lock, threaded);
+  }
+  return used;
+}
+
 void arena_lock_all(void) {
   for (unsigned i = 0; i < fm_arena_count; i++) fm_lock(&fm_arenas[i].lock, true);
 }

@@ -55,6 +55,10 @@ typedef enum { FM_PURGE_STALE, FM_PURGE_ALL, FM_UNMAP_EMPTY } fm_purge;
 /* Returns bytes given back (purged or unmapped). Caller holds the arena's lock. */
 size_t arena_purge(fm_arena *arena, fm_purge how);
 
+/* Bytes in the blocks of every arena's spans that are out: with their users or in thread
+ * caches (for mallinfo). Takes each arena's lock in turn. */
+size_t arena_used_bytes(void);
+
 void arena_lock_all(void);
 void arena_unlock_all(void);
 void arena_reset_locks(void);

@@ -257,6 +257,20 @@ static bool cache_put(unsigned own, char *base, size_t map_size) {
   return kept;
 }
 
+/* The live blocks and their mappings' bytes, for mallinfo (modular counts: through
+ * fm_count_add, a decrease is the addition of its two's complement). */
+static size_t live_blocks, live_bytes;
+
+static void live_count(size_t blocks, size_t bytes) {
+  fm_count_add(&live_blocks, blocks);
+  fm_count_add(&live_bytes, bytes);
+}
+
+void large_live(size_t *blocks, size_t *bytes) {
+  *blocks = __atomic_load_n(&live_blocks, __ATOMIC_RELAXED);
+  *bytes = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
+}
+
 static void *place_block(char *base, size_t map_size, size_t offset) {
   char *p = base + offset;
   large_hdr *h = header_of(p);
@@ -275,6 +289,7 @@ void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh)
     mapping cached = cache_take((unsigned)(arena - fm_arenas), need);
     if (cached.base) {
       *fresh = false;
+      live_count(1, cached.map_size);
       return place_block(cached.base, cached.map_size, offset);
     }
   }
@@ -285,12 +300,14 @@ void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh)
     return NULL;
   }
   *fresh = true;
+  live_count(1, need);
   return place_block(base, need, offset);
 }
 
 void large_free(void *p, const fm_arena *arena) {
   large_hdr *h = live_header(p, "free(): invalid pointer", "free(): double free detected");
   h->check = (uintptr_t)p ^ ~fm_mark;
+  live_count((size_t)-1, -h->map_size);
   if ((char *)p == h->base + LARGE_OFFSET &&
       cache_put((unsigned)(arena - fm_arenas), h->base, h->map_size))
     return;
@@ -310,7 +327,10 @@ void *large_realloc(void *p, size_t size) {
   size_t need = round_unit(offset + size);
   if (need <= old) {
     /* (compared without the alignment's offset, which a 1 GiB alignment makes huge) */
-    if (need - offset < (old - offset) / 2 && mapping_resize(base, old, need)) h->map_size = need;
+    if (need - offset < (old - offset) / 2 && mapping_resize(base, old, need)) {
+      h->map_size = need;
+      live_count(0, need - old);
+    }
     return p;
   }
   /* Grow with slack, so a buffer grown in small steps stays in place most times; without
@@ -322,7 +342,9 @@ void *large_realloc(void *p, size_t size) {
     grown = need;
     moved = mapping_resize(base, old, grown);
   }
-  return moved ? place_block(moved, grown, offset) : NULL;
+  if (!moved) return NULL;
+  live_count(0, grown - old);
+  return place_block(moved, grown, offset);
 }
 
 size_t large_expire(bool all) {

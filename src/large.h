@@ -15,6 +15,8 @@ void large_free(void *p, const fm_arena *arena);
 size_t large_usable_size(const void *p, const char *op);
 /* Resizes in place or moves with mremap; NULL (p untouched) when that cannot be done. */
 void *large_realloc(void *p, size_t size);
+/* The live large blocks: how many, and their mappings' bytes. */
+void large_live(size_t *blocks, size_t *bytes);
 /* Unmaps the cached mappings freed longer ago than the purge delay, skipping a cache whose
  * lock is busy; all: every cached mapping, waiting for each lock (malloc_trim, out of
  * memory). Returns the bytes unmapped. */

@@ -163,23 +163,37 @@ fm_api int malloc_trim(size_t pad) { return tcache_trim() > 0; }
 
 fm_api int mallopt(int param, int value) { return 1; }   /* accepted; nothing to tune */
 
+/* arena: every byte mapped; hblks, hblkhd: the large blocks in mappings of their own and
+ * those mappings' bytes; uordblks: the bytes of every block out, blocks in thread caches
+ * included, and of those mappings; fordblks: the rest of what is mapped. */
 fm_api struct mallinfo2 mallinfo2(void) {
   struct mallinfo2 info = {0};
+  if (!fm_init()) return info;
+  large_live(&info.hblks, &info.hblkhd);
+  info.uordblks = arena_used_bytes() + info.hblkhd;
   info.arena = os_mapped_bytes();
+  info.fordblks = info.arena > info.uordblks ? info.arena - info.uordblks : 0;
   return info;
 }
 
+static int saturated_int(size_t n) { return n > INT32_MAX ? INT32_MAX : (int)n; }
+
 fm_api struct mallinfo mallinfo(void) {
-  struct mallinfo info = {0};
-  size_t mapped = os_mapped_bytes();
-  info.arena = mapped > INT32_MAX ? INT32_MAX : (int)mapped;
-  return info;
+  struct mallinfo2 wide = mallinfo2();
+  return (struct mallinfo){.arena = saturated_int(wide.arena),
+                           .hblks = saturated_int(wide.hblks),
+                           .hblkhd = saturated_int(wide.hblkhd),
+                           .uordblks = saturated_int(wide.uordblks),
+                           .fordblks = saturated_int(wide.fordblks)};
 }
 
 fm_api void malloc_stats(void) {
-  char line[64], *end = line;
+  struct mallinfo2 info = mallinfo2();
+  char line[96], *end = line;
   for (const char *s = "fastmalloc: mapped bytes = "; *s; s++) *end++ = *s;
-  end = os_format_u64(end, os_mapped_bytes(), 10);
+  end = os_format_u64(end, info.arena, 10);
+  for (const char *s = ", in use bytes = "; *s; s++) *end++ = *s;
+  end = os_format_u64(end, info.uordblks, 10);
   *end++ = '\n';
   *end = 0;
   os_write_stderr(line);

@@ -659,7 +659,8 @@ static void test_fm_owns_foreign(void **state) {
   assert_false(fm_owns((void *)UINTPTR_MAX));
 }
 
-/* malloc_stats prints one line to stderr: the mapped bytes, as glibc's prints its totals. */
+/* malloc_stats prints one line to stderr: the mapped bytes and the bytes in use (mallinfo2's
+ * arena and uordblks), as glibc's prints its totals. */
 static void print_malloc_stats(void *arg) {
   void *p = malloc(FMT_MIB);   /* something mapped */
   malloc_stats();
@@ -674,7 +675,12 @@ static void test_malloc_stats_line(void **state) {
   char *end;
   if (strncmp(err, prefix, strlen(prefix)) != 0) fail_msg("malloc_stats wrote \"%s\"", err);
   unsigned long long mapped = strtoull(err + strlen(prefix), &end, 10);
-  if (mapped < FMT_MIB || strcmp(end, "\n") != 0) fail_msg("malloc_stats wrote \"%s\"", err);
+  const char *middle = ", in use bytes = ";
+  if (mapped < FMT_MIB || strncmp(end, middle, strlen(middle)) != 0)
+    fail_msg("malloc_stats wrote \"%s\"", err);
+  unsigned long long in_use = strtoull(end + strlen(middle), &end, 10);
+  if (in_use < FMT_MIB || in_use > mapped || strcmp(end, "\n") != 0)
+    fail_msg("malloc_stats wrote \"%s\"", err);
 }
 
 /* A block shrunk to less than half moves to a smaller one, contents kept: realloc does not
@@ -722,6 +728,49 @@ static void test_malloc_info_family(void **state) {
   assert_int_equal(mallopt(M_TRIM_THRESHOLD, 128 * 1024), 1);
   free(fmt_launder(p));
   assert_int_equal(malloc_trim(0), 1);
+}
+
+/* mallinfo2 counts the blocks out: small ones (blocks in the thread cache count as out
+ * until it gives them back: malloc_trim does, for the caller's), a chunk span's large one,
+ * and large ones in mappings of their own, which realloc resizes. */
+static void test_mallinfo_counts_blocks(void **state) {
+  enum { SMALL = 1000 };
+  static void *small[SMALL];
+  malloc_trim(0);
+  struct mallinfo2 before = mallinfo2();
+  for (int i = 0; i < SMALL; i++) assert_non_null(small[i] = malloc(100));
+  char *span_large = malloc(200 * FMT_KIB), *mapped = malloc(8 * FMT_MIB);
+  assert_non_null(span_large);
+  assert_non_null(mapped);
+  struct mallinfo2 during = mallinfo2();
+  size_t out = SMALL * 100 + 200 * FMT_KIB + 8 * FMT_MIB;
+  size_t added = during.uordblks - before.uordblks;
+  if (added < out || added > out + FMT_MIB)
+    fail_msg("mallinfo2().uordblks rose by %zu for %zu bytes of blocks", added, out);
+  assert_int_equal(during.hblks, before.hblks + 1);
+  if (during.hblkhd < before.hblkhd + 8 * FMT_MIB || during.hblkhd > before.hblkhd + 9 * FMT_MIB)
+    fail_msg("mallinfo2().hblkhd %zu with an 8 MiB block, %zu before", during.hblkhd, before.hblkhd);
+  assert_int_equal(during.uordblks + during.fordblks, during.arena);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  assert_int_equal((size_t)mallinfo().uordblks, during.uordblks);   /* far below INT_MAX */
+#pragma GCC diagnostic pop
+  char *grown = realloc(fmt_launder(mapped), 16 * FMT_MIB);
+  assert_non_null(grown);
+  struct mallinfo2 regrown = mallinfo2();
+  assert_int_equal(regrown.hblks, during.hblks);
+  if (regrown.hblkhd < before.hblkhd + 16 * FMT_MIB)
+    fail_msg("mallinfo2().hblkhd %zu with a 16 MiB block, %zu before", regrown.hblkhd, before.hblkhd);
+  for (int i = 0; i < SMALL; i++) free(small[i]);
+  free(span_large);
+  free(grown);
+  malloc_trim(0);
+  struct mallinfo2 after = mallinfo2();
+  assert_int_equal(after.hblks, before.hblks);
+  assert_int_equal(after.hblkhd, before.hblkhd);
+  if (after.uordblks > before.uordblks)
+    fail_msg("mallinfo2().uordblks %zu after the blocks were freed and trimmed, %zu before",
+             after.uordblks, before.uordblks);
 }
 
 /* The thread cache's bins grow in turn (each growth moves the bins above it, blocks and
@@ -804,6 +853,7 @@ int main(void) {
       cmocka_unit_test(test_fm_extras),
       cmocka_unit_test(test_fm_owns_foreign),
       cmocka_unit_test(test_malloc_info_family),
+      cmocka_unit_test(test_mallinfo_counts_blocks),
   };
   return cmocka_run_group_tests(tests, setup_sizes, NULL);
 }
