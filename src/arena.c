@@ -500,6 +500,7 @@ size_t arena_used_bytes(void) {
             continue;
           }
           const fm_span *span = &chunk->spans[unit];
+          fm_assert(chunk->head_of[unit] == unit && span->units > 0);
           if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * fm_class_size[span->cls];
           else if (span->used) used += span_bytes(span);
           unit += span->units;
