@@ -492,19 +492,8 @@ size_t arena_used_bytes(void) {
   for (unsigned i = 0; i < fm_arena_count; i++) {
     fm_arena *arena = &fm_arenas[i];
     fm_lock(&arena->lock, threaded);
-    for (int full = 0; full < 2; full++)
-      for (fm_chunk *chunk = full ? arena->full_chunks : arena->chunks; chunk; chunk = chunk->next)
-        for (unsigned unit = 1; unit < FM_UNITS_PER_CHUNK;) {
-          if (chunk->free_units >> unit & 1) {
-            unit++;
-            continue;
-          }
-          const fm_span *span = &chunk->spans[unit];
-          fm_assert(chunk->head_of[unit] == unit && span->units > 0);
-          if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * fm_class_size[span->cls];
-          else if (span->used) used += span_bytes(span);
-          unit += span->units;
-        }
+    for (const fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) used += chunk_used_bytes(chunk);
+    for (const fm_chunk *chunk = arena->full_chunks; chunk; chunk = chunk->next) used += chunk_used_bytes(chunk);
     fm_unlock(&arena->lock, threaded);
   }
   return used;

@@ -94,6 +94,9 @@ void chunk_delete(fm_chunk *chunk);
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only);
 /* Frees the span's units; purged says their pages were already given back to the OS. */
 void chunk_give_back_span(fm_span *span, bool purged);
+/* Bytes in the chunk's blocks that are out (with their users or in thread caches): a
+ * span's by its count of blocks out, a large block's span whole. */
+size_t chunk_used_bytes(const fm_chunk *chunk);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
  * and starts the next generation; returns bytes purged. */
 size_t chunk_purge(fm_chunk *chunk, bool force);
