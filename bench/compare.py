@@ -52,6 +52,7 @@ class Job:
     kind: str         # simple | thread | workload | workload-par
     argv: list
     allocators: list  # which candidates run it, in the order they run each round
+    pinned: bool = False  # runs on one CPU (pinned_cpu), every candidate on the same one
 
 
 @dataclass
@@ -118,6 +119,13 @@ def verify_preloads(bindir, allocs):
     return kept, notes, versions
 
 
+def pinned_cpu():
+    """The CPU bench-malloc-simple runs on, for every candidate: the last one we may use. Its
+    cells last about a millisecond, and a virtual machine's CPUs run at different speeds from
+    moment to moment, so unpinned a cell's ratio to a peer moved by a third between runs."""
+    return max(os.sched_getaffinity(0))
+
+
 def make_jobs(bindir, mode, allocs):
     m = MODES[mode]
     # The flag-off build runs bench-malloc-simple only; the mark-off build runs everything.
@@ -125,7 +133,7 @@ def make_jobs(bindir, mode, allocs):
     jobs = []
     for size in m["sizes"]:
         jobs.append(Job(f"simple-{size}", "simple",
-                        [os.path.join(bindir, "bench-malloc-simple"), str(size)], list(allocs)))
+                        [os.path.join(bindir, "bench-malloc-simple"), str(size)], list(allocs), pinned=True))
     for t in m["threads"] or thread_counts():
         jobs.append(Job(f"thread-{t}", "thread",
                         [os.path.join(bindir, "bench-malloc-thread"), str(t), "--duration", str(m["duration"])],
@@ -173,8 +181,10 @@ def parse_figures(job, stdout):
 
 def run_one(job, lib, timeout):
     """Runs one benchmark process; returns (metrics, None, "") or (None, reason, output to log)."""
+    pin = (lambda: os.sched_setaffinity(0, {pinned_cpu()})) if job.pinned else None
     try:
-        p = subprocess.run(job.argv, env=preload_env(lib), capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(job.argv, env=preload_env(lib), capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=pin)
     except subprocess.TimeoutExpired:
         return None, f"timeout after {timeout} s", ""
     if p.returncode != 0:
@@ -556,7 +566,7 @@ def main():
     report = [f"# fastmalloc vs {', '.join(peers)} — {a.mode} mode",
               "", f"Measured {machine_info(versions)}.",
               f"{rounds} rounds, candidates interleaved in each round ({' '.join(allocs)}; each round "
-              f"starts one candidate later); "
+              f"starts one candidate later); bench-malloc-simple pinned to CPU {pinned_cpu()}; "
               f"medians; benchmarks ran for {elapsed:.0f} s.", ""]
     report += ["## Time (median; lower is better; best in bold)", "", time_table(res, jobs, names), "",
                "simple-N: bench-malloc-simple with N-byte blocks, ns per malloc+free pair; st: main thread "
