@@ -363,6 +363,112 @@ def memory_table(res, jobs, names, peers):
     return md_table(["benchmark"] + names + ["fm peak ÷ smallest peer"], out)
 
 
+def over_best_peer(res, job_key, metric, peers, alloc=MAIN):
+    """alloc's median over the best (lowest) peer's; None when either is missing."""
+    v = res.median(job_key, metric, alloc)
+    pv = [x for x in (res.median(job_key, metric, p) for p in peers) if x]
+    return v / min(pv) if v and pv else None
+
+
+def fast_path_counts(path):
+    """fastmalloc's instructions per pair (single, batch100) from bench/instr-count's table."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cells[0] == MAIN and len(cells) == 3:
+                return float(cells[1]), float(cells[2])
+    return None
+
+
+def target_rows(res, jobs, peers, alloc, fast_path):
+    """[(target, figure, holds)] for the speed and footprint targets; holds is None where
+    this run has no figure for it. A benchmark alloc failed on fails its target."""
+    rows = []
+    mib = 1024.0
+
+    def timed(job):
+        return [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
+
+    def ratios_of(kinds=None, keys=None, metric=None):
+        return [(job.key if metric or m == "time" else f"{job.key} {m}",
+                 over_best_peer(res, job.key, m, peers, alloc))
+                for job in jobs if (kinds is None or job.kind in kinds) and (keys is None or job.key in keys)
+                for m in ([metric] if metric else timed(job))]
+
+    def each_at_most(target, pairs, bound):
+        if pairs:
+            figure = ", ".join(f"{k} {r:.2f}" if r else f"{k} failed" for k, r in pairs)
+            rows.append((target, figure, all(r and r <= bound for _, r in pairs)))
+
+    def mean_at_most(target, pairs, bound):
+        if pairs:
+            g = geomean([r for _, r in pairs])
+            failed = sum(r is None for _, r in pairs)
+            rows.append((target, (f"{g:.2f}" if g else "—") + failed_note(failed),
+                         bool(g) and g <= bound and not failed))
+
+    simple = ratios_of(kinds=("simple",))
+    mean_at_most("bench-malloc-simple: geometric mean of the cells ≤ 0.80 × the best peer", simple, 0.80)
+    if simple:
+        over = [(k, r) for k, r in simple if not r or r > 1.05]
+        worst = max((r for _, r in simple if r), default=None)
+        rows.append(("bench-malloc-simple: no cell over 1.05 × the best peer",
+                     f"{len(over) or 'none'} over" + (f"; worst {worst:.2f}" if worst else ""), not over))
+    each_at_most("bench-malloc-thread: each thread count ≤ 0.85 × the best peer",
+                 ratios_of(kinds=("thread",)), 0.85)
+    each_at_most("cross-thread frees (message): ≤ the best peer",
+                 ratios_of(keys=("message", "message-par"), metric="time"), 1.0)
+    each_at_most("large blocks (realloc-grow, big-loop): ≤ the best peer",
+                 ratios_of(keys=("realloc-grow", "big-loop", "realloc-grow-par", "big-loop-par"),
+                           metric="time"), 1.0)
+    for kind, title in GROUPS[2:]:
+        mean_at_most(f"{title}: geometric mean ≤ 0.90 × the best peer", ratios_of(kinds=(kind,)), 0.90)
+    if fast_path:
+        rows.append(("fast path: ≤ 30 instructions a malloc+free pair (single, batch100)",
+                     f"{fast_path[0]:.1f}, {fast_path[1]:.1f}", max(fast_path) <= 30))
+    peaks = ratios_of(metric="peak_rss")
+    mean_at_most("peak RSS: geometric mean ≤ 1.00 × the smallest peer's", peaks, 1.0)
+    if peaks:
+        over = [(k, r) for k, r in peaks if not r or r > 1.25]
+        listed = ", ".join(f"{k} {fmt_ratio(r or math.inf)}" for k, r in over)
+        rows.append(("peak RSS: none over 1.25 × the smallest peer's",
+                     f"{len(over)} over: {listed}" if over else "none over", not over))
+    # Back to where it started once everything is freed and trimmed: within 1 MiB + 5 % of peak.
+    excess = []
+    for job in (j for j in jobs if j.kind.startswith("workload")):
+        start, trim, peak = (res.median(job.key, m, alloc) for m in ("rss_start", "rss_trim", "peak_rss"))
+        if None not in (start, trim, peak):
+            excess.append((job.key, (trim - start) / mib, trim - start <= mib + 0.05 * peak))
+    if excess:
+        worst = max(excess, key=lambda e: e[1])
+        rows.append(("RSS after free and malloc_trim(0): start + 1 MiB + 5 % of peak at most",
+                     f"{sum(not ok for *_, ok in excess) or 'none'} over; largest growth {worst[1]:+.2f} MiB "
+                     f"({worst[0]})",
+                     all(ok for *_, ok in excess)))
+    one = res.median("thread-churn", "rss_one_thread", alloc)
+    end = res.median("thread-churn", "rss_end", alloc)
+    if one and end:
+        rows.append(("thread churn: RSS after all threads ≤ after one + 2 MiB",
+                     f"{(end - one) / mib:+.2f} MiB", end - one <= 2 * mib))
+    return rows
+
+
+def targets_table(res, jobs, peers, builds, fast_path):
+    """Each target with fastmalloc's figure and verdict, per build (shipped, no mark)."""
+    per_build = [target_rows(res, jobs, peers, b, fast_path if b == MAIN else None) for b in builds]
+    out = []
+    for target, *_ in per_build[0]:
+        row = [target]
+        for rows in per_build:
+            hit = next(((fig, ok) for t, fig, ok in rows if t == target), None)
+            row += [hit[0], "holds" if hit[1] else "**fails**"] if hit else ["—", ""]
+        out.append(row)
+    header = ["target"] + [h for b in builds for h in (b, "verdict")]
+    return md_table(header, out, ["---"] + ["---:", "---"] * len(builds))
+
+
 def quotient(a, b):
     return f"{a / b:.2f}" if a and b else "—"
 
@@ -390,14 +496,8 @@ def mark_table(res, jobs, peers):
 
     def over_best(alloc, job, metrics):
         """geomean over metrics of alloc's figure ÷ the best (lowest) peer's."""
-        rs = []
-        for m in metrics:
-            v = res.median(job.key, m, alloc)
-            pv = [x for x in (res.median(job.key, m, p) for p in peers) if x]
-            if not v or not pv:
-                return None
-            rs.append(v / min(pv))
-        return geomean(rs)
+        rs = [over_best_peer(res, job.key, m, peers, alloc) for m in metrics]
+        return geomean(rs) if rs and all(rs) else None
 
     for job in jobs:
         timed = [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
@@ -574,6 +674,11 @@ def main():
                "joined; /C: C blocks allocated then freed. thread-T: bench-malloc-thread with T threads, "
                "ns per iteration. Other rows: workloads (bench-workload --list), seconds; -par: --parallel.",
                ""]
+    builds = [b for b in (MAIN, NO_MARK) if b in allocs]
+    report += ["## Targets", "", targets_table(res, jobs, peers, builds, fast_path_counts(a.instructions)), "",
+               "Ratios to the best (lowest) peer's median, from the tables below; a benchmark that "
+               "failed fails its target. RSS after trim: bench-workload's RSS after malloc_trim(0) "
+               "less its RSS at start.", ""]
     report += ["## fastmalloc's time ÷ each peer's (below 1: fastmalloc is faster)", "",
                ratio_table(res, jobs, peers), ""]
     report += ["## Memory: peak / end / after malloc_trim(0) RSS, MiB (median)", "",
