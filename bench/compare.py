@@ -668,17 +668,17 @@ def main():
               f"{rounds} rounds, candidates interleaved in each round ({' '.join(allocs)}; each round "
               f"starts one candidate later); bench-malloc-simple pinned to CPU {pinned_cpu()}; "
               f"medians; benchmarks ran for {elapsed:.0f} s.", ""]
+    builds = [b for b in (MAIN, NO_MARK) if b in allocs]
+    report += ["## Targets", "", targets_table(res, jobs, peers, builds, fast_path_counts(a.instructions)), "",
+               "Ratios to the best (lowest) peer's median, from the tables below; a benchmark that "
+               "failed fails its target. RSS after trim: bench-workload's RSS after malloc_trim(0) "
+               "less its RSS at start.", ""]
     report += ["## Time (median; lower is better; best in bold)", "", time_table(res, jobs, names), "",
                "simple-N: bench-malloc-simple with N-byte blocks, ns per malloc+free pair; st: main thread "
                "while single-threaded, thr: in a second thread, mt: main thread after that thread was "
                "joined; /C: C blocks allocated then freed. thread-T: bench-malloc-thread with T threads, "
                "ns per iteration. Other rows: workloads (bench-workload --list), seconds; -par: --parallel.",
                ""]
-    builds = [b for b in (MAIN, NO_MARK) if b in allocs]
-    report += ["## Targets", "", targets_table(res, jobs, peers, builds, fast_path_counts(a.instructions)), "",
-               "Ratios to the best (lowest) peer's median, from the tables below; a benchmark that "
-               "failed fails its target. RSS after trim: bench-workload's RSS after malloc_trim(0) "
-               "less its RSS at start.", ""]
     report += ["## fastmalloc's time ÷ each peer's (below 1: fastmalloc is faster)", "",
                ratio_table(res, jobs, peers), ""]
     report += ["## Memory: peak / end / after malloc_trim(0) RSS, MiB (median)", "",
