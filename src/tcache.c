@@ -29,6 +29,9 @@ static unsigned pool_count;
  * with the fewest, so threads created one after another reuse one arena's memory rather
  * than spreading the heap over every arena in turn. */
 static unsigned arena_threads[FM_MAX_ARENAS];
+/* Every live thread's cache (under pool_lock): a thread joins at set-up and leaves at exit,
+ * before its bins' array can be unmapped. */
+static fm_tcache *live_caches;
 
 /* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
  * thread that allocates little holds little, and a bin doubles on each miss, up to about
@@ -132,24 +135,49 @@ static void pool_give(void **slots) {
   if (!kept) os_unmap(slots, slots_bytes);
 }
 
-/* A new thread's arena: the lowest one with the fewest live threads. */
-static fm_arena *arena_join(void) {
+/* A new thread's cache joins the live ones and takes its arena: the lowest one with the
+ * fewest live threads. */
+static void cache_join(fm_tcache *tc) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
   unsigned least = 0;
   for (unsigned i = 1; i < fm_arena_count; i++)
     if (arena_threads[i] < arena_threads[least]) least = i;
   arena_threads[least]++;
+  tc->arena = &fm_arenas[least];
+  tc->live_prev = NULL;
+  tc->live_next = live_caches;
+  if (live_caches) live_caches->live_prev = tc;
+  live_caches = tc;
   fm_unlock(&pool_lock, threaded);
-  return &fm_arenas[least];
 }
 
-/* An exiting thread gives its place in its arena back. */
-static void arena_leave(const fm_arena *arena) {
+/* An exiting thread's cache leaves the live ones and gives its place in its arena back. */
+static void cache_leave(fm_tcache *tc) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
-  arena_threads[arena - fm_arenas]--;
+  arena_threads[tc->arena - fm_arenas]--;
+  if (tc->live_prev) tc->live_prev->live_next = tc->live_next;
+  else live_caches = tc->live_next;
+  if (tc->live_next) tc->live_next->live_prev = tc->live_prev;
   fm_unlock(&pool_lock, threaded);
+}
+
+/* Whether another live thread's bin cls holds p. Those bins change under us (pops, pushes,
+ * moves to a wider layout), so each bound and slot is read once, relaxed: a range read
+ * across a move still lies in that thread's bins' array, which stays mapped while the
+ * thread is listed, and holds only blocks that thread caches. */
+static bool other_cache_holds(unsigned cls, const void *p) {
+  bool threaded = fm_threaded(), found = false;
+  fm_lock(&pool_lock, threaded);
+  for (fm_tcache *tc = live_caches; tc && !found; tc = tc->live_next) {
+    if (tc == &fm_tc) continue;
+    void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
+    void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
+    for (void **b = low; b < top && !found; b++) found = __atomic_load_n(b, __ATOMIC_RELAXED) == p;
+  }
+  fm_unlock(&pool_lock, threaded);
+  return found;
 }
 
 /* Unmaps the pooled bins' arrays of finished threads (malloc_trim); returns the bytes. */
@@ -218,7 +246,7 @@ static void tcache_thread_start(fm_tcache *tc) {
     tc->state = FM_TCACHE_DEAD;
     return;
   }
-  tc->arena = arena_join();
+  cache_join(tc);
   memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
   tcache_layout_start(tc);
   tc->limit_bytes = start_bytes;
@@ -392,10 +420,10 @@ static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
   tcache_flush_all(tc);
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
+  cache_leave(tc);
   /* The pages that grown bins took go back: the next thread starts small. */
   slots_purge(tc, tc->slots + start_slots);
   pool_give(tc->slots);
-  arena_leave(tc->arena);
   *tc = (fm_tcache){.state = FM_TCACHE_DEAD};
 }
 
@@ -440,10 +468,11 @@ static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
 /* The mark alone is not proof: recycled memory holds old marks wherever blocks of another
  * layout started, and a program may legally copy such uninitialized bytes into a live
  * block's second word (gcc does, when built under LD_PRELOAD). So a marked block counts
- * as free only when it is in this thread's bin or free in its span. (A dead or unset cache
- * has no bins: all its bounds are NULL.) */
+ * as free only when it is in this thread's bin, free in its span, or in another thread's
+ * bin. (A dead or unset cache has no bins: all its bounds are NULL.) */
 bool tcache_block_is_free(void *p, unsigned cls) {
-  return mark_found(p, fm_mark) && (tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p));
+  return mark_found(p, fm_mark) &&
+         (tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p) || other_cache_holds(cls, p));
 }
 
 static void free_slow(void *p, unsigned cls) {
@@ -550,7 +579,12 @@ static void fork_child(void) {
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
   memset(arena_threads, 0, sizeof arena_threads);
-  if (own) arena_threads[fm_tc.arena - fm_arenas] = 1;
+  live_caches = NULL;
+  if (own) {
+    arena_threads[fm_tc.arena - fm_arenas] = 1;
+    fm_tc.live_next = fm_tc.live_prev = NULL;
+    live_caches = &fm_tc;
+  }
   arena_reset_locks();
   large_reset_locks();
   fm_lock_init(&pool_lock);

@@ -46,6 +46,9 @@ typedef struct fm_tcache {
                                 so no slot above it was touched */
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
+  /* The list of live threads' caches (under tcache.c's pool_lock), which a free of a
+   * marked block searches for a double free from another thread. */
+  struct fm_tcache *live_next, *live_prev;
 } fm_tcache;
 
 extern fm_hidden __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
@@ -111,7 +114,8 @@ static fm_always_inline void tcache_free(void *p) {
 }
 
 /* Whether small block p of class cls (a span class) is free already, as far as the
- * double-free mark can tell: for the paths that must not take a freed block for a live one. */
+ * double-free mark can tell (in any thread's cache, or in its span): for the paths that
+ * must not take a freed block for a live one. */
 bool tcache_block_is_free(void *p, unsigned cls);
 
 /* Global set-up on the first call (before or without constructors); true when ready. */

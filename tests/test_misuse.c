@@ -60,6 +60,48 @@ static void double_free_not_last(void *arg) {
   after_double_free();
 }
 
+/* The block's first free leaves it in main's cache, its second comes from another thread:
+ * the mark sends that free to the slow path, which finds the block in main's bin. (Without
+ * the mark, the thread's exit gives the block back to its span, and main's trim a second
+ * time.) */
+static void *free_in_thread(void *p) {
+  free(fmt_launder(p));
+  return NULL;
+}
+
+static void double_free_across_threads(void *arg) {
+  pthread_t thread;
+  void *p = malloc((uintptr_t)arg);
+  free(p);
+  if (pthread_create(&thread, NULL, free_in_thread, p) != 0) _exit(90);
+  pthread_join(thread, NULL);
+  after_double_free();
+}
+
+/* The other order: the first free leaves the block in a thread's cache, which stays live
+ * (it waits) while main frees the block again. */
+static pthread_barrier_t first_freed, second_freed;
+
+static void *free_then_wait(void *p) {
+  free(p);
+  pthread_barrier_wait(&first_freed);
+  pthread_barrier_wait(&second_freed);
+  return NULL;
+}
+
+static void double_free_into_live_thread(void *arg) {
+  pthread_t thread;
+  void *p = malloc((uintptr_t)arg);
+  pthread_barrier_init(&first_freed, NULL, 2);
+  pthread_barrier_init(&second_freed, NULL, 2);
+  if (pthread_create(&thread, NULL, free_then_wait, p) != 0) _exit(90);
+  pthread_barrier_wait(&first_freed);
+  free(fmt_launder(p));
+  pthread_barrier_wait(&second_freed);
+  pthread_join(thread, NULL);
+  after_double_free();
+}
+
 /* The checks a thread cache's blocks get when they go back to their span: malloc_trim
  * gives the caller's cached blocks back at once. */
 static void free_interior(void *arg) {
@@ -210,6 +252,16 @@ static void test_double_free(void **state) {
   }
 }
 
+static void test_double_free_across_threads(void **state) {
+  const size_t sizes[] = {16, 1024, 32768};
+  for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    expect_report(double_free_across_threads, (void *)(uintptr_t)sizes[i], "double free in another thread",
+                  "free(): double free detected");
+    expect_report(double_free_into_live_thread, (void *)(uintptr_t)sizes[i],
+                  "double free of a block another thread caches", "free(): double free detected");
+  }
+}
+
 static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
   expect_abort(double_free_after_write, NULL, "double free after a write");
@@ -254,6 +306,7 @@ int main(void) {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_control_child_exits_cleanly),
       cmocka_unit_test(test_double_free),
+      cmocka_unit_test(test_double_free_across_threads),
       cmocka_unit_test(test_bad_blocks_given_back),
       cmocka_unit_test(test_interior_pointers_measured),
       cmocka_unit_test(test_free_foreign),
