@@ -166,7 +166,11 @@ static void cache_leave(fm_tcache *tc) {
 /* Whether another live thread's bin cls holds p. Those bins change under us (pops, pushes,
  * moves to a wider layout), so each bound and slot is read once, relaxed: a range read
  * across a move still lies in that thread's bins' array, which stays mapped while the
- * thread is listed, and holds only blocks that thread caches. */
+ * thread is listed. What keeps a live block from being found: a bin's range [low, top)
+ * takes a block only once its slot is written (tcache_push), and gives it up before the
+ * block goes back to its span (tcache_flush_oldest, bin_move_all, tcache_flush_all) or
+ * to the program (tcache_pop); a move brings a bin's blocks into the old range of a bin
+ * of another class, whose blocks lie in other spans. */
 static bool other_cache_holds(unsigned cls, const void *p) {
   bool threaded = fm_threaded(), found = false;
   fm_lock(&pool_lock, threaded);
@@ -174,6 +178,7 @@ static bool other_cache_holds(unsigned cls, const void *p) {
     if (tc == &fm_tc) continue;
     void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
     void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
+    fm_assert(low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *));
     for (void **b = low; b < top && !found; b++) found = __atomic_load_n(b, __ATOMIC_RELAXED) == p;
   }
   fm_unlock(&pool_lock, threaded);
@@ -246,9 +251,9 @@ static void tcache_thread_start(fm_tcache *tc) {
     tc->state = FM_TCACHE_DEAD;
     return;
   }
-  cache_join(tc);
-  memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
   tcache_layout_start(tc);
+  cache_join(tc);   /* listed with its bins set: other_cache_holds reads them from now on */
+  memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
   tc->limit_bytes = start_bytes;
   /* Live before pthread_setspecific: it callocs for high key numbers. */
   tc->state = FM_TCACHE_LIVE;
@@ -277,9 +282,12 @@ static void tcache_flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
   if (n <= 0) return;
   void **low = tc->low[cls];
   int32_t keep = bin_count(tc, cls) - n;
+  /* Empty to other_cache_holds while the blocks go back: once back in their spans they
+   * may be handed out again, and a live block seen in this bin would read as freed. */
+  __atomic_store_n(&tc->top[cls], low, __ATOMIC_RELEASE);
   arena_free_blocks(low, (size_t)n);
   memmove(low, low + n, (size_t)keep * sizeof(void *));
-  tc->top[cls] = low + keep;
+  __atomic_store_n(&tc->top[cls], low + keep, __ATOMIC_RELEASE);
 }
 
 /* Sets bin cls's limit, under the byte accounting: the oldest blocks beyond it go back. */

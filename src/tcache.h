@@ -86,6 +86,7 @@ static fm_always_inline void *tcache_pop(size_t cls, void **top) {
 static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintptr_t mark) {
   mark_set(p, mark);
   *top = p;
+  __asm__("" ::: "memory");   /* the slot before the top: other threads search the range */
   FM_SPLIT_ADDRESS(cls);
   fm_tc.top[cls]++;
 }

@@ -1,7 +1,7 @@
 /* Threads: random malloc/free/realloc with payload checks in 8 threads, producer/consumer
  * frees, errno under contended locks, short-lived threads, thread exit with cached blocks,
  * allocation from a pthread key destructor that runs after fastmalloc's own, calloc after
- * remote frees, large blocks traded between threads. Worker threads never call cmocka:
+ * remote frees, large blocks traded between threads, live blocks that look freed. Worker threads never call cmocka:
  * they count failures for the main thread. */
 #include "fm_test.h"
 
@@ -126,6 +126,79 @@ static void *random_worker(void *arg) {
       block_free(slot[s]);
     }
   return NULL;
+}
+
+/* Live blocks that carry the free mark in their second word, as a program that copies
+ * stale bytes makes them, freed from several threads (many of them by another thread than
+ * the one that allocated) while other threads start, allocate, free and exit: each such
+ * free searches the other threads' bins, which must never show it a live block (a false
+ * "double free detected") nor send it outside a bins' array. In a child, for 2 s. */
+enum { MARKED_WORKERS = 4, MARKED_SHARED = 4096, MARKED_BATCH = 512 };
+static uintptr_t free_mark;
+static atomic_int marked_stop;
+static _Atomic(void *) marked_shared[MARKED_SHARED];
+
+static void *marked_worker(void *arg) {
+  uint64_t rng = fmt_seed_state((uintptr_t)arg);
+  void *batch[MARKED_BATCH];
+  while (!atomic_load(&marked_stop)) {
+    unsigned n = 1 + fmt_rand(&rng) % MARKED_BATCH;
+    for (unsigned i = 0; i < n; i++) {
+      size_t size = 16 + fmt_rand(&rng) % (fmt_rand(&rng) % 8 ? 256 : 32768);
+      uintptr_t *p = malloc(size);
+      if (!p) _exit(91);
+      p[0] = i;
+      if (fmt_rand(&rng) % 4 == 0) p[1] = free_mark;
+      batch[i] = p;
+    }
+    for (unsigned i = 0; i < n; i++) {
+      if (fmt_rand(&rng) % 3 == 0)   /* whoever takes it out next frees it */
+        free(atomic_exchange(&marked_shared[fmt_rand(&rng) % MARKED_SHARED], batch[i]));
+      else
+        free(batch[i]);
+    }
+  }
+  return NULL;
+}
+
+static void *marked_short_thread(void *arg) {
+  uintptr_t *p[64];
+  for (int i = 0; i < 64; i++) {
+    if (!(p[i] = malloc(16 + (size_t)i * 8))) _exit(91);
+    p[i][1] = free_mark;
+  }
+  for (int i = 0; i < 64; i++) free(p[i]);
+  return arg;
+}
+
+static void *marked_churner(void *arg) {
+  while (!atomic_load(&marked_stop)) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, marked_short_thread, NULL) != 0 || pthread_join(t, NULL) != 0) _exit(92);
+  }
+  return arg;
+}
+
+static void marked_live_blocks(void *arg) {
+  uintptr_t *probe = malloc(64);
+  free(probe);
+  free_mark = ((volatile uintptr_t *)fmt_launder(probe))[1];   /* read after free, on purpose */
+  pthread_t workers[MARKED_WORKERS], churner;
+  for (uintptr_t i = 0; i < MARKED_WORKERS; i++)
+    if (pthread_create(&workers[i], NULL, marked_worker, (void *)(i + 1)) != 0) _exit(92);
+  if (pthread_create(&churner, NULL, marked_churner, NULL) != 0) _exit(92);
+  sleep(2);
+  atomic_store(&marked_stop, 1);
+  for (int i = 0; i < MARKED_WORKERS; i++) pthread_join(workers[i], NULL);
+  pthread_join(churner, NULL);
+  for (int i = 0; i < MARKED_SHARED; i++) free(marked_shared[i]);
+}
+
+static void test_marked_live_blocks_across_threads(void **state) {
+  char err[1024];
+  int status = fmt_run_child(marked_live_blocks, NULL, 60, err, sizeof err);
+  fmt_assert_child_ok(status, err);
+  assert_string_equal(err, "");
 }
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
@@ -640,6 +713,7 @@ int main(void) {
       cmocka_unit_test(test_calloc_after_remote_free),
       cmocka_unit_test(test_large_blocks_across_threads),
       cmocka_unit_test(test_threads_take_own_arenas),
+      cmocka_unit_test(test_marked_live_blocks_across_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
