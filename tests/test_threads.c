@@ -133,7 +133,7 @@ static void *random_worker(void *arg) {
  * the one that allocated) while other threads start, allocate, free and exit: each such
  * free searches the other threads' bins, which must never show it a live block (a false
  * "double free detected") nor send it outside a bins' array. In a child, for 2 s. */
-enum { MARKED_WORKERS = 4, MARKED_SHARED = 4096, MARKED_BATCH = 512 };
+enum { MARKED_WORKERS = 2, MARKED_CHURNERS = 3, MARKED_SHARED = 4096, MARKED_BATCH = 512 };
 static uintptr_t free_mark;
 static atomic_int marked_stop;
 static _Atomic(void *) marked_shared[MARKED_SHARED];
@@ -183,14 +183,15 @@ static void marked_live_blocks(void *arg) {
   uintptr_t *probe = malloc(64);
   free(probe);
   free_mark = ((volatile uintptr_t *)fmt_launder(probe))[1];   /* read after free, on purpose */
-  pthread_t workers[MARKED_WORKERS], churner;
+  pthread_t workers[MARKED_WORKERS], churners[MARKED_CHURNERS];
   for (uintptr_t i = 0; i < MARKED_WORKERS; i++)
     if (pthread_create(&workers[i], NULL, marked_worker, (void *)(i + 1)) != 0) _exit(92);
-  if (pthread_create(&churner, NULL, marked_churner, NULL) != 0) _exit(92);
+  for (int i = 0; i < MARKED_CHURNERS; i++)
+    if (pthread_create(&churners[i], NULL, marked_churner, NULL) != 0) _exit(92);
   sleep(2);
   atomic_store(&marked_stop, 1);
   for (int i = 0; i < MARKED_WORKERS; i++) pthread_join(workers[i], NULL);
-  pthread_join(churner, NULL);
+  for (int i = 0; i < MARKED_CHURNERS; i++) pthread_join(churners[i], NULL);
   for (int i = 0; i < MARKED_SHARED; i++) free(marked_shared[i]);
 }
 
