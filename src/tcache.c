@@ -163,8 +163,19 @@ static void cache_leave(fm_tcache *tc) {
   fm_unlock(&pool_lock, threaded);
 }
 
+/* Whether bin cls of cache tc holds p. The bin may be another thread's, changing under us
+ * (see other_cache_holds): its bounds and slots are read once each, relaxed. */
+static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
+  void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
+  void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
+  fm_assert(low == top || (low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *)));
+  for (void **b = low; b < top; b++)
+    if (__atomic_load_n(b, __ATOMIC_RELAXED) == p) return true;
+  return false;
+}
+
 /* Whether another live thread's bin cls holds p. Those bins change under us (pops, pushes,
- * moves to a wider layout), so each bound and slot is read once, relaxed: a range read
+ * moves to a wider layout), so tcache_bin_holds reads each bound and slot once: a range read
  * across a move still lies in that thread's bins' array, which stays mapped while the
  * thread is listed. What keeps a live block from being found: a bin's range [low, top)
  * takes a block only once its slot is written (tcache_push), and gives it up before the
@@ -174,13 +185,8 @@ static void cache_leave(fm_tcache *tc) {
 static bool other_cache_holds(unsigned cls, const void *p) {
   bool threaded = fm_threaded(), found = false;
   fm_lock(&pool_lock, threaded);
-  for (fm_tcache *tc = live_caches; tc && !found; tc = tc->live_next) {
-    if (tc == &fm_tc) continue;
-    void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
-    void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
-    fm_assert(low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *));
-    for (void **b = low; b < top && !found; b++) found = __atomic_load_n(b, __ATOMIC_RELAXED) == p;
-  }
+  for (fm_tcache *tc = live_caches; tc && !found; tc = tc->live_next)
+    found = tc != &fm_tc && tcache_bin_holds(tc, cls, p);
   fm_unlock(&pool_lock, threaded);
   return found;
 }
@@ -465,12 +471,6 @@ static void *malloc_slow(fm_tcache *tc, unsigned cls) {
 void *tcache_malloc_miss(size_t size, unsigned cls) {
   fm_tcache *tc = tcache_current();
   return malloc_slow(tc, cls ? cls : fm_size_class(size));   /* the table is filled now */
-}
-
-static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
-  for (void **b = tc->low[cls]; b < tc->top[cls]; b++)
-    if (*b == p) return true;
-  return false;
 }
 
 /* The mark alone is not proof: recycled memory holds old marks wherever blocks of another

@@ -255,8 +255,8 @@ static void test_double_free(void **state) {
 static void test_double_free_across_threads(void **state) {
   const size_t sizes[] = {16, 1024, 32768};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    expect_report(double_free_across_threads, (void *)(uintptr_t)sizes[i], "double free in another thread",
-                  "free(): double free detected");
+    expect_report(double_free_across_threads, (void *)(uintptr_t)sizes[i],
+                  "double free in another thread", "free(): double free detected");
     expect_report(double_free_into_live_thread, (void *)(uintptr_t)sizes[i],
                   "double free of a block another thread caches", "free(): double free detected");
   }

@@ -1,8 +1,8 @@
 /* Threads: random malloc/free/realloc with payload checks in 8 threads, producer/consumer
  * frees, errno under contended locks, short-lived threads, thread exit with cached blocks,
  * allocation from a pthread key destructor that runs after fastmalloc's own, calloc after
- * remote frees, large blocks traded between threads, live blocks that look freed. Worker threads never call cmocka:
- * they count failures for the main thread. */
+ * remote frees, large blocks traded between threads, live blocks that look freed. Worker
+ * threads never call cmocka: they count failures for the main thread. */
 #include "fm_test.h"
 
 #include <pthread.h>
@@ -174,7 +174,8 @@ static void *marked_short_thread(void *arg) {
 static void *marked_churner(void *arg) {
   while (!atomic_load(&marked_stop)) {
     pthread_t t;
-    if (pthread_create(&t, NULL, marked_short_thread, NULL) != 0 || pthread_join(t, NULL) != 0) _exit(92);
+    if (pthread_create(&t, NULL, marked_short_thread, NULL) != 0 || pthread_join(t, NULL) != 0)
+      _exit(92);
   }
   return arg;
 }
