@@ -303,34 +303,40 @@ static fm_always_inline bool bit_test_and_set(uint64_t *word, uint32_t bit) {
   return was_set;
 }
 
-/* Gives back blocks[0 ..] while they lie in span, whose fields stay in registers
- * meanwhile; returns how many it took. A run ends at the first block outside the span's
- * blocks, so a pointer into the span's unused tail starts the next run and is reported
- * there, by the check of a run's first block. */
-static size_t span_return_run(fm_arena *arena, fm_span *span, void *const *blocks, size_t n) {
-  char *start = span->start;
-  size_t size = span->block_size, blocks_len = span_blocks_len(span), i = 0;
-  uint32_t magic = span->index_magic, low_word = span->scan;
-  uint64_t *bits = span_free_bits(span);
-  __asm__("" : "+r"(bits));   /* one register, not a chunk base plus an offset */
-  size_t offset = (size_t)((char *)blocks[0] - start);
-  if (fm_unlikely(offset >= blocks_len)) os_fatal("free(): invalid pointer", blocks[0]);
-  for (;;) {
-    uint32_t index;
-    if (fm_unlikely(!block_at(offset, magic, size, &index)))
-      os_fatal("free(): invalid pointer", blocks[i]);
-    if (fm_unlikely(bit_test_and_set(&bits[index / 64], index)))
-      os_fatal("free(): double free detected", blocks[i]);
-    if (index / 64 < low_word) low_word = index / 64;
-    if (++i == n) break;
-    offset = (size_t)((char *)blocks[i] - start);
-    if (offset >= blocks_len) break;
-  }
-  span->scan = low_word;
-  span->used -= (uint32_t)i;
+/* The span a flush is giving blocks back to: the fields its loop reads, in registers,
+ * and what the blocks given back so far change. */
+typedef struct span_run {
+  fm_span *span;      /* NULL before the first block */
+  char *start;
+  size_t len;         /* bytes its blocks take: its unused tail lies beyond */
+  size_t size;
+  uint64_t *bits;
+  uint32_t magic;
+  uint32_t low_word;  /* the lowest bitmap word given a free bit */
+  size_t from;        /* blocks[from ..] went to it, but those that moved to the front */
+  size_t pending;     /* how many had moved to the front (other arenas') at `from` */
+} span_run;
+
+static fm_always_inline void span_run_start(span_run *run, fm_span *span, size_t i, size_t pending) {
+  run->span = span;
+  run->start = span->start;
+  run->len = span_blocks_len(span);
+  run->size = span->block_size;
+  run->bits = span_free_bits(span);
+  run->magic = span->index_magic;
+  run->low_word = span->scan;
+  run->from = i;
+  run->pending = pending;
+}
+
+/* Ends the run at blocks[i], pending blocks having moved to the front. */
+static void span_run_end(fm_arena *arena, const span_run *run, size_t i, size_t pending) {
+  fm_span *span = run->span;
+  if (!span) return;
+  span->scan = run->low_word;
+  span->used -= (uint32_t)((i - run->from) - (pending - run->pending));
   if (!span->listed) partial_push(arena, span);
   if (span->used == 0) arena_span_emptied(arena, span);
-  return i;
 }
 
 /* The span of a block a thread cache gives back. The cache took the block on the unit
@@ -342,19 +348,40 @@ static fm_span *cached_block_span(void *p) {
   return span_of(p);
 }
 
+/* One pass per owning arena, under its lock: the blocks of other arenas move to the front
+ * of the array and wait for a later pass. A block in the span of the block before it (a
+ * cache gives back runs of neighbours) costs a range check, its index and its bit; only a
+ * block elsewhere looks its span up. A pointer into a span's unused tail is looked up
+ * again, and reported. */
 void arena_free_blocks(void **blocks, size_t n) {
   bool threaded = fm_threaded();
   while (n) {
-    /* One pass per owning arena; the blocks of other arenas move to the front of the
-     * array and wait for a later pass. */
     fm_arena *arena = cached_block_span(blocks[0])->arena;
     size_t pending = 0;
+    span_run run = {.span = NULL};
     fm_lock(&arena->lock, threaded);
-    for (size_t i = 0; i < n;) {
-      fm_span *span = cached_block_span(blocks[i]);
-      if (span->arena == arena) i += span_return_run(arena, span, blocks + i, n - i);
-      else blocks[pending++] = blocks[i++];
+    for (size_t i = 0; i < n; i++) {
+      void *p = blocks[i];
+      size_t offset = (uintptr_t)p - (uintptr_t)run.start;   /* any p, before the first run */
+      if (offset >= run.len) {
+        fm_span *span = cached_block_span(p);
+        if (span->arena != arena) {
+          blocks[pending++] = p;
+          continue;
+        }
+        span_run_end(arena, &run, i, pending);
+        span_run_start(&run, span, i, pending);
+        offset = (size_t)((char *)p - run.start);
+        if (fm_unlikely(offset >= run.len)) os_fatal("free(): invalid pointer", p);
+      }
+      uint32_t index;
+      if (fm_unlikely(!block_at(offset, run.magic, run.size, &index)))
+        os_fatal("free(): invalid pointer", p);
+      if (fm_unlikely(bit_test_and_set(&run.bits[index / 64], index)))
+        os_fatal("free(): double free detected", p);
+      if (index / 64 < run.low_word) run.low_word = index / 64;
     }
+    span_run_end(arena, &run, n, pending);
     arena_unlock_after_free(arena, threaded);
     n = pending;
   }
