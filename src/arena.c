@@ -387,13 +387,15 @@ void arena_free_blocks(void **blocks, size_t n) {
   }
 }
 
-void *arena_alloc_span_large(fm_arena *arena, size_t size) {
+void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed) {
+  *zeroed = false;
   size_t units = (size + FM_UNIT_SIZE - 1) >> FM_UNIT_SHIFT;
   if (units > FM_SPAN_LARGE_MAX_UNITS) return NULL;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
   fm_span *span = kept_take(arena, FM_CLASS_SPAN_LARGE, (unsigned)units);
-  if (!span) span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
+  if (!span && (span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE)))
+    *zeroed = span->zeroed;   /* (a kept span held a block) */
   if (span) span->used = 1;
   fm_unlock(&arena->lock, threaded);
   return span ? span->start : NULL;
@@ -479,11 +481,9 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
       next = span->next;
       if (all || span->empty_since + 2 <= arena->purge_epoch) {
         kept_remove(arena, span);
-        if (pages) {
-          os_purge(span->start, span_bytes(span));
-          released += span_bytes(span);
-        }
-        arena_give_back_span(arena, span, pages);
+        bool purged = pages && os_purge(span->start, span_bytes(span));
+        if (purged) released += span_bytes(span);
+        arena_give_back_span(arena, span, purged);
       }
     }
     if (how == FM_PURGE_ALL && cls <= FM_NUM_SPAN_CLASSES)

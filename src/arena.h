@@ -36,8 +36,9 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
  * acquisition per owning arena, however they are mixed. Reorders blocks[]. */
 void arena_free_blocks(void **blocks, size_t n);
 
-/* One block of size > FM_SMALL_MAX as a whole span, when it fits in a chunk; NULL else. */
-void *arena_alloc_span_large(fm_arena *arena, size_t size);
+/* One block of size > FM_SMALL_MAX as a whole span, when it fits in a chunk; NULL else.
+ * *zeroed says it reads zero (its units were never used, or purged since). */
+void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed);
 void arena_free_span_large(void *p);
 /* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class or
  * FM_CLASS_SPAN_LARGE); 0 when p starts no block there (an interior pointer, say). Takes no

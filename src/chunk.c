@@ -225,13 +225,15 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
   uint64_t bits = unit_bits((unsigned)first, units);
+  bool zeroed = !(bits & chunk->dirty_units);
   chunk->free_units &= ~bits;
   chunk->dirty_units &= ~bits;
   chunk->stale_units &= ~bits;
   for (unsigned u = (unsigned)first; u < (unsigned)first + units; u++) chunk->head_of[u] = (uint8_t)first;
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
-  span->cls = (uint16_t)cls;
+  span->cls = (uint8_t)cls;
+  span->zeroed = zeroed;
   span->arena = chunk->arena;
   span->listed = 0;
   span->used = 0;
@@ -275,15 +277,18 @@ size_t chunk_used_bytes(const fm_chunk *chunk) {
 size_t chunk_purge(fm_chunk *chunk, bool force) {
   size_t purged = 0;
   uint64_t dirty = chunk->dirty_units & chunk->free_units & (force ? ~(uint64_t)0 : chunk->stale_units);
+  uint64_t refused = 0;   /* units whose pages the OS kept: still dirty */
   while (dirty) {
     unsigned first = (unsigned)__builtin_ctzll(dirty);
     unsigned len = (unsigned)__builtin_ctzll(~(dirty >> first));  /* run length */
     if (first + len > 64) len = 64 - first;
-    os_purge((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE);
-    purged += (size_t)len * FM_UNIT_SIZE;
+    if (os_purge((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE))
+      purged += (size_t)len * FM_UNIT_SIZE;
+    else
+      refused |= unit_bits(first, len);
     dirty &= ~unit_bits(first, len);
   }
-  chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units);
+  chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units) | refused;
   chunk->stale_units = chunk->dirty_units & chunk->free_units;
   return purged;
 }

@@ -19,7 +19,8 @@ typedef struct fm_span {
   uint32_t used;           /* blocks out of the span: in thread caches or with the user */
   uint32_t capacity;       /* blocks in the span */
   uint32_t scan;           /* no free bit below this bitmap word */
-  uint16_t cls;            /* size class, or FM_CLASS_SPAN_LARGE */
+  uint8_t cls;             /* size class, or FM_CLASS_SPAN_LARGE */
+  uint8_t zeroed;          /* taken from units never touched or purged since: all zero */
   uint8_t units;           /* length in units */
   uint8_t listed;          /* on its arena's partial list */
   uint32_t block_size;     /* stride: bytes from one block's start to the next */
@@ -90,7 +91,8 @@ static inline uint64_t *span_free_bits(fm_span *span) {
 fm_chunk *chunk_init(void *memory, struct fm_arena *arena);
 void chunk_delete(fm_chunk *chunk);
 /* A span of `units` free units of chunk (only units whose pages may still be resident,
- * when resident_only), or NULL; unit-map entries are set to cls. */
+ * when resident_only), or NULL; unit-map entries are set to cls. Free units are dirty (their
+ * pages may hold data) unless never used or purged since. */
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only);
 /* Frees the span's units; purged says their pages were already given back to the OS. */
 void chunk_give_back_span(fm_span *span, bool purged);

@@ -105,10 +105,11 @@ void os_unmap(void *addr, size_t size) {
   fm_count_add(&os_mapped, -size);
 }
 
-void os_purge(void *addr, size_t size) {
+bool os_purge(void *addr, size_t size) {
   int saved = errno;
-  madvise(addr, size, MADV_DONTNEED);
+  bool purged = madvise(addr, size, MADV_DONTNEED) == 0;   /* refused for mlock'ed pages */
   errno = saved;
+  return purged;
 }
 
 bool os_resident_pages(const void *addr, size_t size, unsigned char *vec) {

@@ -13,7 +13,8 @@ bool os_make_writable(void *addr, size_t size);
 void os_release_reserved(void *addr, size_t size);   /* a reserved range never made writable */
 bool os_address_space_limited(void);              /* an RLIMIT_AS is in force */
 void os_unmap(void *addr, size_t size);
-void os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once */
+bool os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once, and
+                                                      they read zero; false if the OS refused */
 /* Which pages of [addr, addr + size) are resident: bit 0 of vec[i] for page i (mincore);
  * false when the kernel cannot say. */
 bool os_resident_pages(const void *addr, size_t size, unsigned char *vec);

@@ -25,7 +25,8 @@ fm_api FM_HOT_ENTRY void free(void *p) { tcache_free(p); }
 
 /* A block beyond the size classes, or an alignment they cannot give (align: a power of
  * two, 0 for none): a chunk span (64 KiB aligned) up to 1 MiB, else a mapping of its own.
- * zero: the caller wants it zeroed (fresh mappings already are). */
+ * zero: the caller wants it zeroed (fresh mappings, and spans of units never used or purged
+ * since, already are). */
 static void *large_block(size_t size, size_t align, bool zero) {
   /* No mapping spans the whole user address space: NULL at once, without the retry's
    * flushes and unmaps. */
@@ -39,7 +40,7 @@ static void *large_block(size_t size, size_t align, bool zero) {
   fm_arena *arena = tcache_arena();
   /* Out of memory, maybe once more after giving back the memory held empty. */
   for (bool retried = false; !p; retried = true) {
-    if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(arena, size < align ? align : size);
+    if (align <= FM_UNIT_SIZE) p = arena_alloc_span_large(arena, size < align ? align : size, &fresh);
     if (!p) p = large_alloc(size, align, arena, &fresh);
     if (!p && (retried || !tcache_release_for_retry())) {
       errno = ENOMEM;

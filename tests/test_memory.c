@@ -316,6 +316,51 @@ static void churn(unsigned rounds) {
 
 /* 3000 threads leave RSS within 4 MiB of where 64 left it (leaked per-thread caches would
  * add about 64 KiB each: 190 MiB). */
+/* calloc of a block whose units were purged (here by malloc_trim) or never used skips its
+ * memset: the pages read zero already, and stay out of RSS until the program writes them. A
+ * block calloc takes from memory a freed block dirtied is cleared (test_api). */
+static void test_calloc_of_purged_units_untouched(void **state) {
+  enum { BLOCKS = 8 };
+  const size_t size = 768 * FMT_KIB;   /* spans of 12 units, from the chunks */
+  unsigned char *blocks[BLOCKS];
+  malloc_trim(0);
+  size_t rss0 = fmt_rss();
+  for (int i = 0; i < BLOCKS; i++) {
+    assert_non_null(blocks[i] = calloc(1, size));
+    assert_true(fm_owns(blocks[i]));
+  }
+  size_t rss1 = fmt_rss();
+  for (int i = 0; i < BLOCKS; i++) {
+    if (!fmt_is_zero(blocks[i], size)) fail_msg("calloc(1, %zu) not zeroed", size);
+    memset(blocks[i], 0x77, size);
+    free(blocks[i]);
+  }
+  print_message("%d callocs of %zu bytes: rss %zu -> %zu\n", BLOCKS, size, rss0, rss1);
+  if (rss1 > rss0 + BLOCKS * size / 4)
+    fail_msg("%d callocs of %zu bytes raised RSS from %zu to %zu", BLOCKS, size, rss0, rss1);
+}
+
+/* Pages the OS refuses to purge (locked ones: madvise fails) stay dirty, so calloc clears
+ * them when it hands them out again. A live block keeps their 4 MiB chunk from being
+ * unmapped by malloc_trim. */
+static void test_calloc_after_refused_purge(void **state) {
+  const size_t size = 768 * FMT_KIB;
+  unsigned char *keeper = malloc(size), *p = malloc(size);
+  assert_non_null(keeper);
+  assert_non_null(p);
+  if ((uintptr_t)keeper >> 22 != (uintptr_t)p >> 22) fail_msg("%p and %p in two chunks", keeper, p);
+  if (mlock(p, size) != 0) fail_msg("mlock of %zu bytes: %s", size, strerror(errno));
+  memset(p, 0x55, size);
+  free(p);
+  malloc_trim(0);   /* its purge is refused */
+  unsigned char *q = calloc(1, size);
+  assert_ptr_equal(q, p);   /* the same units: those still resident come first */
+  if (!fmt_is_zero(q, size)) fail_msg("calloc(1, %zu) of locked units not zeroed", size);
+  assert_int_equal(munlock(q, size), 0);
+  free(q);
+  free(keeper);
+}
+
 static void test_thread_churn_rss(void **state) {
   churn(8);
   size_t rss_warm = fmt_rss();
@@ -367,6 +412,8 @@ int main(void) {
       cmocka_unit_test(test_thread_cache_within_budget),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
+      cmocka_unit_test(test_calloc_of_purged_units_untouched),
+      cmocka_unit_test(test_calloc_after_refused_purge),
       cmocka_unit_test(test_thread_churn_rss),
       cmocka_unit_test(test_realloc_moves_split_mapping),
   };
