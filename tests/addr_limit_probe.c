@@ -5,8 +5,9 @@
  * must lie where a foreign pointer's entry reads unmapped space. Then the heap is filled
  * up: a shrinking realloc must still work, and once everything is freed a big block must
  * fit again. Threads spread over the arenas, each of which maps chunks ahead: a request
- * that needs that address space must get it once the threads are gone. Last, a realloc
- * that must move a block whose old and new size do not fit in the address space together.
+ * that needs that address space must get it once the threads are gone. Then a realloc
+ * that must move a block whose old and new size do not fit in the address space together,
+ * and one that grows a block with the address space full but a chunk's units free.
  * Exit 0 on success. */
 #include <errno.h>
 #include <malloc.h>
@@ -117,6 +118,30 @@ static int realloc_moves_tightly(void) {
   return 0;
 }
 
+/* A block realloc grows past 256 KiB gets a mapping of its own, to grow further without a
+ * copy; at the limit, where the OS refuses that mapping, it takes free units of a chunk
+ * mapped already. The heap is filled with blocks of one unit (64 KiB) each, then 16 of
+ * them allocated one after another, so side by side in a chunk, are freed. */
+static int realloc_grows_into_chunk_at_limit(void) {
+  static void *blocks[1 << 15];
+  size_t n = 0, most = sizeof blocks / sizeof *blocks;
+  while (n < most && (blocks[n] = malloc(40000))) n++;
+  if (n == most || n < 64) return fail("the heap did not fill up with blocks of 40000", n);
+  for (size_t i = n / 2; i < n / 2 + 16; i++) {
+    free(blocks[i]);
+    blocks[i] = NULL;
+  }
+  memset(blocks[0], 0x3c, 40000);
+  errno = 0;
+  unsigned char *q = realloc(blocks[0], 300000);
+  if (!q) return fail("realloc growing a block at the limit", 300000);
+  if (q[0] != 0x3c || q[39999] != 0x3c || errno != 0) return fail("realloc's contents or errno", 300000);
+  memset(q, 1, 300000);
+  blocks[0] = q;
+  for (size_t i = 0; i < n; i++) free(blocks[i]);
+  return 0;
+}
+
 /* The windowed map lies in a quiet part of the address space (its 16 MiB start at 16, 32
  * or 48 TiB), so that free() of a foreign pointer outside the window, which reads
  * its entry up to 2 GiB from the map, faults there instead of reading a stray byte of a
@@ -160,7 +185,8 @@ int main(void) {
   if (malloc(too_big) || errno != ENOMEM) return fail("malloc over the limit", too_big);
   int local;
   if (fm_owns(&local)) return fail("fm_owns(stack pointer)", 0);
-  if (map_in_quiet_place() || arenas_given_back() || exhaust_and_recover() || realloc_moves_tightly())
+  if (map_in_quiet_place() || arenas_given_back() || exhaust_and_recover() || realloc_moves_tightly() ||
+      realloc_grows_into_chunk_at_limit())
     return 1;
   puts("every request within the limit worked");
   return 0;
