@@ -111,11 +111,12 @@ fm_api void *realloc(void *p, size_t size) {
     void *resized = large_realloc(p, size);   /* mremap: no copy, either way */
     if (resized) return resized;
   }
-  int saved = errno;
-  void *q = size > old && size >= REALLOC_MAPPED_MIN ? large_block(size, 0, LARGE_GROWING)
-                                                     : tcache_malloc(size);
+  bool grows = size > old;
+  int saved = grows ? 0 : errno;   /* (read only where it is put back) */
+  void *q = grows && size >= REALLOC_MAPPED_MIN ? large_block(size, 0, LARGE_GROWING)
+                                                : tcache_malloc(size);
   if (!q) {
-    if (size > old) return NULL;
+    if (grows) return NULL;
     errno = saved;   /* out of memory, a smaller block can still be this one */
     return p;
   }

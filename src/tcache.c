@@ -478,9 +478,8 @@ void *tcache_malloc_miss(size_t size, unsigned cls) {
  * block's second word (gcc does, when built under LD_PRELOAD). So a marked block counts
  * as free only when it is in this thread's bin, free in its span, or in another thread's
  * bin. (A dead or unset cache has no bins: all its bounds are NULL.) */
-bool tcache_block_is_free(void *p, unsigned cls) {
-  return mark_found(p, fm_mark) &&
-         (tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p) || other_cache_holds(cls, p));
+bool tcache_marked_block_is_free(void *p, unsigned cls) {
+  return tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p) || other_cache_holds(cls, p);
 }
 
 static void free_slow(void *p, unsigned cls) {

@@ -116,8 +116,12 @@ static fm_always_inline void tcache_free(void *p) {
 
 /* Whether small block p of class cls (a span class) is free already, as far as the
  * double-free mark can tell (in any thread's cache, or in its span): for the paths that
- * must not take a freed block for a live one. */
-bool tcache_block_is_free(void *p, unsigned cls);
+ * must not take a freed block for a live one. A block without the mark is live: that test
+ * is inline, the search for a marked one is not. */
+bool tcache_marked_block_is_free(void *p, unsigned cls);
+static inline bool tcache_block_is_free(void *p, unsigned cls) {
+  return mark_found(p, fm_mark) && tcache_marked_block_is_free(p, cls);
+}
 
 /* Global set-up on the first call (before or without constructors); true when ready. */
 bool fm_init(void);
