@@ -255,16 +255,15 @@ def failure_cell(res, job_key, alloc):
     return f"FAIL ({reasons[0]})" if reasons else "—"
 
 
+def timed_metrics(res, job):
+    """The job's timed figures (every metric but the RSS ones, in KiB), in their order."""
+    return [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
+
+
 def timed_rows(res, jobs):
     """[(job, metric, label, unit)] for every timed figure, in job order."""
-    rows = []
-    for job in jobs:
-        for metric in res.metric_order.get(job.key, []):
-            unit = res.units[(job.key, metric)]
-            if unit != "KiB":
-                label = job.key if metric == "time" else f"{job.key} {metric}"
-                rows.append((job, metric, label, unit))
-    return rows
+    return [(job, metric, job.key if metric == "time" else f"{job.key} {metric}", res.units[(job.key, metric)])
+            for job in jobs for metric in timed_metrics(res, job)]
 
 
 def time_table(res, jobs, names):
@@ -388,14 +387,12 @@ def target_rows(res, jobs, peers, alloc, fast_path):
     rows = []
     mib = 1024.0
 
-    def timed(job):
-        return [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
-
     def ratios_of(kinds=None, keys=None, metric=None):
-        return [(job.key if metric or m == "time" else f"{job.key} {m}",
-                 over_best_peer(res, job.key, m, peers, alloc))
-                for job in jobs if (kinds is None or job.kind in kinds) and (keys is None or job.key in keys)
-                for m in ([metric] if metric else timed(job))]
+        """[(label, ratio)] for the jobs picked: metric's figure, else every timed one."""
+        picked = [j for j in jobs if (kinds is None or j.kind in kinds) and (keys is None or j.key in keys)]
+        if metric:
+            return [(j.key, over_best_peer(res, j.key, metric, peers, alloc)) for j in picked]
+        return [(label, over_best_peer(res, j.key, m, peers, alloc)) for j, m, label, _ in timed_rows(res, picked)]
 
     def each_at_most(target, pairs, bound):
         if pairs:
@@ -500,7 +497,7 @@ def mark_table(res, jobs, peers):
         return geomean(rs) if rs and all(rs) else None
 
     for job in jobs:
-        timed = [m for m in res.metric_order.get(job.key, []) if res.units[(job.key, m)] != "KiB"]
+        timed = timed_metrics(res, job)
         t = {a: over_best(a, job, timed) for a in (MAIN, NO_MARK)}
         r = {a: over_best(a, job, ["peak_rss"]) for a in (MAIN, NO_MARK)}
         groups.setdefault(job.kind, []).append(t)
@@ -708,7 +705,7 @@ def main():
     if shutil.which("gnuplot"):
         for base, title, ylabel, metric_of in (
                 ("time", "Time relative to glibc (lower is better)", "time / glibc's",
-                 lambda j: [m for m in res.metric_order.get(j.key, []) if res.units[(j.key, m)] != "KiB"]),
+                 lambda j: timed_metrics(res, j)),
                 ("memory", "Peak RSS relative to glibc (lower is better)", "peak RSS / glibc's",
                  lambda j: ["peak_rss"])):
             p = svg_chart(chart_rows(res, jobs, names, metric_of), names, title, ylabel,

@@ -513,14 +513,19 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   return released;
 }
 
+static size_t chunks_used_bytes(const fm_chunk *list) {
+  size_t used = 0;
+  for (const fm_chunk *chunk = list; chunk; chunk = chunk->next) used += chunk_used_bytes(chunk);
+  return used;
+}
+
 size_t arena_used_bytes(void) {
   bool threaded = fm_threaded();
   size_t used = 0;
   for (unsigned i = 0; i < fm_arena_count; i++) {
     fm_arena *arena = &fm_arenas[i];
     fm_lock(&arena->lock, threaded);
-    for (const fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) used += chunk_used_bytes(chunk);
-    for (const fm_chunk *chunk = arena->full_chunks; chunk; chunk = chunk->next) used += chunk_used_bytes(chunk);
+    used += chunks_used_bytes(arena->chunks) + chunks_used_bytes(arena->full_chunks);
     fm_unlock(&arena->lock, threaded);
   }
   return used;

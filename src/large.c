@@ -285,23 +285,19 @@ void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh)
   if (size > PTRDIFF_MAX - offset - FM_UNIT_SIZE) return NULL;
   if (size == 0) size = 1;   /* the block must lie inside its mapping */
   size_t need = round_unit(offset + size);
-  if (offset == LARGE_OFFSET) {
-    mapping cached = cache_take((unsigned)(arena - fm_arenas), need);
-    if (cached.base) {
-      *fresh = false;
-      live_count(1, cached.map_size);
-      return place_block(cached.base, cached.map_size, offset);
+  mapping got = {NULL, 0};
+  if (offset == LARGE_OFFSET) got = cache_take((unsigned)(arena - fm_arenas), need);
+  *fresh = !got.base;
+  if (!got.base) {
+    got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};
+    if (!got.base) return NULL;
+    if (!fm_unit_map_set(got.base, need, FM_CLASS_MAPPED)) {
+      os_unmap(got.base, need);
+      return NULL;
     }
   }
-  char *base = os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE);
-  if (!base) return NULL;
-  if (!fm_unit_map_set(base, need, FM_CLASS_MAPPED)) {
-    os_unmap(base, need);
-    return NULL;
-  }
-  *fresh = true;
-  live_count(1, need);
-  return place_block(base, need, offset);
+  live_count(1, got.map_size);
+  return place_block(got.base, got.map_size, offset);
 }
 
 void large_free(void *p, const fm_arena *arena) {

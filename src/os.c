@@ -219,6 +219,11 @@ void fm_lock_contended(fm_lock_t *lock) {
     os_futex_wait((int *)&lock->state, 2);
 }
 
+char *os_append(char *out, char *limit, const char *text) {
+  while (*text && out < limit) *out++ = *text++;
+  return out;
+}
+
 char *os_format_u64(char *out, uint64_t value, unsigned base) {
   char digits[24];
   int n = 0;
@@ -245,17 +250,9 @@ void os_write_stderr(const char *text) {
 
 void os_fatal(const char *what, const void *ptr) {
   char line[160];
-  char *p = line;
-  const char *prefix = "fastmalloc: ";
-  size_t room = sizeof line - 24;
-  for (const char *s = prefix; *s; s++) *p++ = *s;
-  for (const char *s = what; *s && (size_t)(p - line) < room; s++) *p++ = *s;
-  if (ptr) {
-    *p++ = ' ';
-    *p++ = '0';
-    *p++ = 'x';
-    p = os_format_u64(p, (uintptr_t)ptr, 16);
-  }
+  char *room = line + sizeof line - 24;   /* for " 0x", the pointer and "\n" */
+  char *p = os_append(os_append(line, room, "fastmalloc: "), room, what);
+  if (ptr) p = os_format_u64(os_append(p, line + sizeof line, " 0x"), (uintptr_t)ptr, 16);
   *p++ = '\n';
   *p = 0;
   os_write_stderr(line);

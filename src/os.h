@@ -40,5 +40,6 @@ void os_futex_wake_one(int *addr);
 __attribute__((noreturn, cold)) void os_fatal(const char *what, const void *ptr);
 void os_write_stderr(const char *text);
 char *os_format_u64(char *out, uint64_t value, unsigned base);  /* returns end of text */
+char *os_append(char *out, char *limit, const char *text);  /* not past limit; returns end */
 
 #endif

@@ -207,11 +207,10 @@ fm_api struct mallinfo mallinfo(void) {
 
 fm_api void malloc_stats(void) {
   struct mallinfo2 info = mallinfo2();
-  char line[96], *end = line;
-  for (const char *s = "fastmalloc: mapped bytes = "; *s; s++) *end++ = *s;
-  end = os_format_u64(end, info.arena, 10);
-  for (const char *s = ", in use bytes = "; *s; s++) *end++ = *s;
-  end = os_format_u64(end, info.uordblks, 10);
+  char line[96];
+  char *room = line + sizeof line - 22;   /* for a number and "\n" */
+  char *end = os_format_u64(os_append(line, room, "fastmalloc: mapped bytes = "), info.arena, 10);
+  end = os_format_u64(os_append(end, room, ", in use bytes = "), info.uordblks, 10);
   *end++ = '\n';
   *end = 0;
   os_write_stderr(line);
@@ -220,11 +219,11 @@ fm_api void malloc_stats(void) {
 /* The caller's stream may allocate its buffer: that re-enters malloc outside any lock. */
 fm_api int malloc_info(int options, FILE *stream) {
   if (options != 0) return EINVAL;
-  char text[128], *end = text;
-  for (const char *s = "<malloc version=\"fastmalloc-1\">\n<system type=\"current\" size=\""; *s; s++)
-    *end++ = *s;
-  end = os_format_u64(end, os_mapped_bytes(), 10);
-  for (const char *s = "\"/>\n</malloc>\n"; *s; s++) *end++ = *s;
+  char text[128];
+  char *room = text + sizeof text - 1;   /* for the NUL */
+  char *end = os_append(text, room - 20,   /* 20: the number's digits */
+                        "<malloc version=\"fastmalloc-1\">\n<system type=\"current\" size=\"");
+  end = os_append(os_format_u64(end, os_mapped_bytes(), 10), room, "\"/>\n</malloc>\n");
   *end = 0;
   return fputs(text, stream) < 0 ? -1 : 0;
 }

@@ -210,6 +210,13 @@ static size_t pool_release(void) {
 }
 
 static int32_t bin_count(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->top[cls] - tc->low[cls]); }
+
+/* Moves bin cls's top on a slow path. Other threads' double-free searches read it
+ * (other_cache_holds): a release store, so the slots below a raised top are written
+ * before it, and a bin emptied before its blocks go back reads empty before they do. */
+static void bin_set_top(fm_tcache *tc, unsigned cls, void **top) {
+  __atomic_store_n(&tc->top[cls], top, __ATOMIC_RELEASE);
+}
 static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->high[cls] - tc->low[cls]); }
 
 /* The slots set aside for bin cls: up to the next bin's low end (the last bin's: the
@@ -290,10 +297,10 @@ static void tcache_flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
   int32_t keep = bin_count(tc, cls) - n;
   /* Empty to other_cache_holds while the blocks go back: once back in their spans they
    * may be handed out again, and a live block seen in this bin would read as freed. */
-  __atomic_store_n(&tc->top[cls], low, __ATOMIC_RELEASE);
+  bin_set_top(tc, cls, low);
   arena_free_blocks(low, (size_t)n);
   memmove(low, low + n, (size_t)keep * sizeof(void *));
-  __atomic_store_n(&tc->top[cls], low + keep, __ATOMIC_RELEASE);
+  bin_set_top(tc, cls, low + keep);
 }
 
 /* Sets bin cls's limit, under the byte accounting: the oldest blocks beyond it go back. */
@@ -354,7 +361,7 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
   if (want > refill_max[cls]) want = refill_max[cls];
   unsigned got = arena_alloc_batch(tc->arena, cls, want, tc->low[cls]);
   if (!got) return false;
-  tc->top[cls] = tc->low[cls] + got;
+  bin_set_top(tc, cls, tc->low[cls] + got);
   tc->activity[cls] |= BIN_REFILLED;
   return true;
 }
@@ -375,7 +382,7 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
   size_t count = (size_t)bin_count(tc, cls);
   if (n + count > FREE_ONLY_BATCH) return n;   /* it waits for the next batch */
   memcpy(batch + n, tc->low[cls], count * sizeof(void *));
-  tc->top[cls] = tc->low[cls];
+  bin_set_top(tc, cls, tc->low[cls]);
   return n + count;
 }
 
@@ -417,7 +424,7 @@ static void tcache_flush_all(fm_tcache *tc) {
     int32_t count = bin_count(tc, cls);
     if (count) memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
     end += count;
-    tc->top[cls] = tc->low[cls];
+    bin_set_top(tc, cls, tc->low[cls]);
   }
   if (end > tc->slots) arena_free_blocks(tc->slots, (size_t)(end - tc->slots));
 }
