@@ -82,16 +82,27 @@ static fm_span *kept_take(fm_arena *arena, unsigned cls, unsigned units) {
   return span;
 }
 
-/* A span of `units` units from a chunk with room; a chunk it fills moves to the full list,
- * so searches never walk the (many) full chunks of a big heap. */
+/* Moves a chunk whose units were taken or given back to the list it now belongs on: a
+ * chunk without a free unit waits on the full list, so searches never walk the (many)
+ * full chunks of a big heap. */
+static void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full) {
+  bool full = !chunk->free_units;
+  if (full == was_full) return;
+  if (full) {
+    LIST_REMOVE(&arena->chunks, chunk);
+    LIST_PUSH(&arena->full_chunks, chunk);
+  } else {
+    LIST_REMOVE(&arena->full_chunks, chunk);
+    LIST_PUSH(&arena->chunks, chunk);
+  }
+}
+
+/* A span of `units` units from a chunk with room. */
 static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, bool resident_only) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
     fm_span *span = chunk_take_span(chunk, units, cls, resident_only);
     if (!span) continue;
-    if (!chunk->free_units) {
-      LIST_REMOVE(&arena->chunks, chunk);
-      LIST_PUSH(&arena->full_chunks, chunk);
-    }
+    arena_relist_chunk(arena, chunk, false);
     return span;
   }
   return NULL;
@@ -99,11 +110,9 @@ static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, b
 
 static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
-  if (!chunk->free_units) {
-    LIST_REMOVE(&arena->full_chunks, chunk);
-    LIST_PUSH(&arena->chunks, chunk);
-  }
+  bool was_full = !chunk->free_units;
   chunk_give_back_span(span, purged);
+  arena_relist_chunk(arena, chunk, was_full);
 }
 
 /* Gives one kept span back to its chunk, still resident, so a new span can take its
@@ -399,6 +408,22 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed) {
   if (span) span->used = 1;
   fm_unlock(&arena->lock, threaded);
   return span ? span->start : NULL;
+}
+
+bool arena_resize_span_large(void *p, size_t size) {
+  size_t units = (size + FM_UNIT_SIZE - 1) >> FM_UNIT_SHIFT;
+  if (units > FM_SPAN_LARGE_MAX_UNITS) return false;
+  fm_span *span = span_of(p);
+  fm_arena *arena = span->arena;
+  fm_chunk *chunk = chunk_of(span);
+  bool threaded = fm_threaded();
+  fm_lock(&arena->lock, threaded);
+  fm_assert(p == span->start && span->used == 1 && span->cls == FM_CLASS_SPAN_LARGE);
+  bool was_full = !chunk->free_units;
+  bool resized = chunk_resize_large_span(span, (unsigned)units);
+  if (resized) arena_relist_chunk(arena, chunk, was_full);
+  fm_unlock(&arena->lock, threaded);
+  return resized;
 }
 
 void arena_free_span_large(void *p) {

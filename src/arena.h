@@ -40,6 +40,10 @@ void arena_free_blocks(void **blocks, size_t n);
  * *zeroed says it reads zero (its units were never used, or purged since). */
 void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed);
 void arena_free_span_large(void *p);
+/* Resizes live large block p (a whole span) in place to hold size bytes: into the free
+ * units that follow it, or by giving back its last units; false when it cannot grow
+ * there (or would pass the span-large limit). */
+bool arena_resize_span_large(void *p, size_t size);
 /* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class or
  * FM_CLASS_SPAN_LARGE); 0 when p starts no block there (an interior pointer, say). Takes no
  * lock: it reads what does not change while the block is allocated. */

@@ -219,6 +219,14 @@ static void span_set_all_free(fm_span *span) {
   span->scan = 0;
 }
 
+/* The span's stride, the blocks it holds, and the reciprocal that finds a block's index. */
+static void span_set_block_size(fm_span *span, size_t block) {
+  span->capacity = (uint32_t)(span_bytes(span) / block);
+  span->block_size = (uint32_t)block;
+  /* offset / 16 < 2^15 and block / 16 <= 2^11: a 32-bit reciprocal is exact here. */
+  span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));
+}
+
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
@@ -239,10 +247,7 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   span->used = 0;
   span->next = span->prev = NULL;
   size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);
-  span->capacity = (uint32_t)(span_bytes(span) / block);
-  span->block_size = (uint32_t)block;
-  /* offset / 16 < 2^15 and block / 16 <= 2^11: a 32-bit reciprocal is exact here. */
-  span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));
+  span_set_block_size(span, block);
   span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
   if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
   fm_unit_map_set(span->start, span_bytes(span), (uint8_t)cls);
@@ -256,6 +261,32 @@ void chunk_give_back_span(fm_span *span, bool purged) {
   fm_unit_map_set(span->start, span_bytes(span), 0);
   chunk->free_units |= bits;
   if (!purged) chunk->dirty_units |= bits;
+}
+
+bool chunk_resize_large_span(fm_span *span, unsigned units) {
+  fm_chunk *chunk = chunk_of(span);
+  unsigned first = (unsigned)(span - chunk->spans);
+  fm_assert(span->cls == FM_CLASS_SPAN_LARGE && units > 0);
+  if (first + units > FM_UNITS_PER_CHUNK) return false;
+  char *end = span->start + span_bytes(span);
+  if (units > span->units) {
+    uint64_t bits = unit_bits(first + span->units, units - span->units);
+    if ((chunk->free_units & bits) != bits) return false;
+    chunk->free_units &= ~bits;
+    chunk->dirty_units &= ~bits;
+    chunk->stale_units &= ~bits;
+    for (unsigned u = first + span->units; u < first + units; u++) chunk->head_of[u] = (uint8_t)first;
+    fm_unit_map_set(end, (size_t)(units - span->units) * FM_UNIT_SIZE, FM_CLASS_SPAN_LARGE);
+  } else {
+    char *new_end = span->start + (size_t)units * FM_UNIT_SIZE;
+    fm_unit_map_set(new_end, (size_t)(end - new_end), 0);
+    uint64_t bits = unit_bits(first + units, span->units - units);
+    chunk->free_units |= bits;
+    chunk->dirty_units |= bits;
+  }
+  span->units = (uint8_t)units;
+  span_set_block_size(span, span_bytes(span));
+  return true;
 }
 
 size_t chunk_used_bytes(const fm_chunk *chunk) {

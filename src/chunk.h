@@ -96,6 +96,10 @@ void chunk_delete(fm_chunk *chunk);
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only);
 /* Frees the span's units; purged says their pages were already given back to the OS. */
 void chunk_give_back_span(fm_span *span, bool purged);
+/* Resizes the span of a large block in place to `units` units: it takes the free units
+ * that follow it (false when one of them is not free, or the chunk ends first), or gives
+ * back its last ones, dirty. Its unit-map entries follow. */
+bool chunk_resize_large_span(fm_span *span, unsigned units);
 /* Bytes in the chunk's blocks that are out (with their users or in thread caches): a
  * span's by its count of blocks out, a large block's span whole. */
 size_t chunk_used_bytes(const fm_chunk *chunk);

@@ -112,6 +112,11 @@ fm_api void *realloc(void *p, size_t size) {
     if (resized) return resized;
   }
   bool grows = size > old;
+  /* A large block in a span gives back its last units, or grows into free units that
+   * follow it, without a copy (beyond REALLOC_MAPPED_MIN, a mapping serves growth better). */
+  if (cls == FM_CLASS_SPAN_LARGE && size > FM_SMALL_MAX && (!grows || size < REALLOC_MAPPED_MIN) &&
+      arena_resize_span_large(p, size))
+    return p;
   int saved = grows ? 0 : errno;   /* (read only where it is put back) */
   void *q = grows && size >= REALLOC_MAPPED_MIN ? large_block(size, 0, LARGE_GROWING)
                                                 : tcache_malloc(size);

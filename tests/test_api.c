@@ -700,6 +700,23 @@ static void test_realloc_shrink_moves(void **state) {
   }
 }
 
+/* A large block in a chunk span resizes in place: shrunk past half, it gives back its last
+ * units; grown (below the size that takes a mapping of its own), it takes the free units
+ * after it. No copy either way, contents kept. */
+static void test_realloc_span_in_place(void **state) {
+  char *p = malloc(900 * FMT_KIB);   /* a span of 15 units */
+  assert_non_null(p);
+  fmt_fill(p, 40 * FMT_KIB, 9);
+  if (realloc(p, 40 * FMT_KIB) != p) fail_msg("realloc(malloc(900 KiB), 40 KiB) moved the block");
+  assert_int_equal(malloc_usable_size(p), 64 * FMT_KIB);   /* one unit: a span, not a mapping */
+  /* The 14 units it gave back follow it, free, in a single-threaded test. */
+  if (realloc(p, 200 * FMT_KIB) != p) fail_msg("realloc of a one-unit block to 200 KiB moved it");
+  assert_int_equal(malloc_usable_size(p), 256 * FMT_KIB);
+  assert_true(fmt_check(p, 40 * FMT_KIB, 9));
+  check_block(p, 200 * FMT_KIB, 16, 9);
+  free(p);
+}
+
 /* The minimal mallinfo/mallopt/malloc_info/malloc_trim answers: the mapped bytes, "accepted",
  * and a trim that releases the pages of a block just freed. */
 static void test_malloc_info_family(void **state) {
@@ -840,6 +857,7 @@ int main(void) {
       cmocka_unit_test(test_realloc_zero_frees),
       cmocka_unit_test(test_realloc_in_place),
       cmocka_unit_test(test_realloc_shrink_moves),
+      cmocka_unit_test(test_realloc_span_in_place),
       cmocka_unit_test(test_malloc_stats_line),
       cmocka_unit_test(test_realloc_moves_preserve),
       cmocka_unit_test(test_realloc_failure),
