@@ -190,17 +190,24 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   return span;
 }
 
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out) {
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
   size_t size = fm_class_stride[cls];   /* distance between blocks */
   unsigned got = 0;
+  if (zeroed) *zeroed = false;
   while (got < want) {
     fm_span *span = arena->partial[cls];
     if (!span && !(span = arena_new_span(arena, cls))) break;
     /* Free blocks in address order, from the lowest bitmap word that has one. */
     uint64_t *bits = span_free_bits(span);
     uint32_t words = (span->capacity + 63) / 64, w = span->scan;
+    if (zeroed && !got) {
+      uint32_t first_word = w;
+      while (!bits[first_word]) first_word++;   /* (a listed span has a free block) */
+      if (first_word * 64 + (uint32_t)__builtin_ctzll(bits[first_word]) >= span->fresh)
+        *zeroed = true, want = 1;
+    }
     void **next = out + got, **end = out + want;
     /* base: the block of bit 0 of word w, a local as the stores to out[] might alias
      * span->start; 32-bit offsets within a word, which need no sign extension */
@@ -215,8 +222,11 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
       if (next == end) break;
     }
     uint32_t taken = (uint32_t)(next - (out + got));
-    span->scan = w;
+    span->scan = (uint16_t)w;
     fm_assert(taken > 0);   /* a listed span has a free block */
+    /* (in address order: the last block is the furthest one) */
+    uint32_t last = (uint32_t)((char *)next[-1] - span->start) / (uint32_t)size;
+    if (last >= span->fresh) span->fresh = (uint16_t)(last + 1);
     got += taken;
     span->used += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
@@ -342,7 +352,7 @@ static fm_always_inline void span_run_start(span_run *run, fm_span *span, size_t
 static void span_run_end(fm_arena *arena, const span_run *run, size_t i, size_t pending) {
   fm_span *span = run->span;
   if (!span) return;
-  span->scan = run->low_word;
+  span->scan = (uint16_t)run->low_word;
   span->used -= (uint32_t)((i - run->from) - (pending - run->pending));
   if (!span->listed) partial_push(arena, span);
   if (span->used == 0) arena_span_emptied(arena, span);
@@ -403,9 +413,12 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
   fm_span *span = kept_take(arena, FM_CLASS_SPAN_LARGE, (unsigned)units);
-  if (!span && (span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE)))
-    *zeroed = span->zeroed;   /* (a kept span held a block) */
-  if (span) span->used = 1;
+  if (!span) span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
+  if (span) {
+    *zeroed = span->fresh == 0;   /* (never so for a kept span: it held a block) */
+    span->fresh = 1;
+    span->used = 1;
+  }
   fm_unlock(&arena->lock, threaded);
   return span ? span->start : NULL;
 }

@@ -29,8 +29,10 @@ extern fm_hidden unsigned fm_arena_count;
 void arena_init_all(void);
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), in address order, writing
- * nothing into them; returns got, 0 when out of memory. */
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out);
+ * nothing into them; returns got, 0 when out of memory. With zeroed (for calloc), when the
+ * first block reads zero (it was not handed out since its span's units were zero), it is
+ * the only one taken, and *zeroed is set. */
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed);
 
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
  * acquisition per owning arena, however they are mixed. Reorders blocks[]. */

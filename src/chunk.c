@@ -241,13 +241,13 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
   span->cls = (uint8_t)cls;
-  span->zeroed = zeroed;
   span->arena = chunk->arena;
   span->listed = 0;
   span->used = 0;
   span->next = span->prev = NULL;
   size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);
   span_set_block_size(span, block);
+  span->fresh = zeroed ? 0 : (uint16_t)span->capacity;
   span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
   if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
   fm_unit_map_set(span->start, span_bytes(span), (uint8_t)cls);

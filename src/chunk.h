@@ -18,9 +18,11 @@ struct fm_arena;
 typedef struct fm_span {
   uint32_t used;           /* blocks out of the span: in thread caches or with the user */
   uint32_t capacity;       /* blocks in the span */
-  uint32_t scan;           /* no free bit below this bitmap word */
+  uint16_t scan;           /* no free bit below this bitmap word */
+  /* Blocks from this index on were never handed out since the span's units were zero
+   * (never touched, or purged): they read zero. capacity when the units were dirty. */
+  uint16_t fresh;
   uint8_t cls;             /* size class, or FM_CLASS_SPAN_LARGE */
-  uint8_t zeroed;          /* taken from units never touched or purged since: all zero */
   uint8_t units;           /* length in units */
   uint8_t listed;          /* on its arena's partial list */
   uint32_t block_size;     /* stride: bytes from one block's start to the next */

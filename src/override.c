@@ -76,6 +76,7 @@ fm_api void *calloc(size_t count, size_t size) {
     return NULL;
   }
   if (total > FM_SMALL_MAX) return large_block(total, 0, LARGE_ZEROED);
+  if (total >= FM_CALLOC_PAGED_MIN) return tcache_calloc_paged(total);
   void *p = tcache_malloc(total);
   if (fm_likely(p != NULL)) memset(p, 0, total);
   return p;

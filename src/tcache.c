@@ -352,7 +352,9 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
   return true;
 }
 
-static bool tcache_refill(fm_tcache *tc, unsigned cls) {
+/* zeroed: for calloc (see arena_alloc_batch); when set, the bin stays empty and the one
+ * block taken is at its low end. */
+static bool tcache_refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   /* Slow start: a bin that keeps missing grows, up to two full refills. Beyond that a
    * larger limit makes no refill larger; it would only spend the process-wide budget
    * (a producer thread, which never frees, kept growing its bins until the budget ran
@@ -362,9 +364,9 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls) {
     tcache_grow(tc, cls);
   unsigned want = (unsigned)(bin_limit(tc, cls) + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, tc->low[cls]);
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, tc->low[cls], zeroed);
   if (!got) return false;
-  bin_set_top(tc, cls, tc->low[cls] + got);
+  bin_set_top(tc, cls, tc->low[cls] + (zeroed && *zeroed ? 0 : got));
   tc->activity[cls] |= BIN_REFILLED;
   return true;
 }
@@ -454,15 +456,16 @@ static void tcache_thread_exit(void *arg) {
 /* One block straight from the arena, for threads whose cache is gone. */
 static void *arena_malloc_one(unsigned cls) {
   void *block;
-  if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &block)) return NULL;
+  if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &block, NULL)) return NULL;
   mark_set(block, 0);
   return block;
 }
 
 /* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
- * one block straight from an arena. Out of memory, it may try once more (see
- * tcache_release_for_retry). */
-static void *malloc_slow(fm_tcache *tc, unsigned cls) {
+ * one block straight from an arena. For calloc (zeroed: non-NULL), *zeroed says whether
+ * the block reads zero already (then it came alone, and untouched). Out of memory, it may
+ * try once more (see tcache_release_for_retry). */
+static void *malloc_slow(fm_tcache *tc, unsigned cls, bool *zeroed) {
   for (bool retried = false;; retried = true) {
     if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
       void *block = fm_init() ? arena_malloc_one(cls) : NULL;
@@ -470,7 +473,9 @@ static void *malloc_slow(fm_tcache *tc, unsigned cls) {
     } else {
       tcache_idle_sweep(tc);
       /* A nested call (pthread_setspecific) may have filled the bin. */
-      if (tc->top[cls] != tc->low[cls] || tcache_refill(tc, cls)) return tcache_pop(cls, tc->top[cls]);
+      if (tc->top[cls] != tc->low[cls]) return tcache_pop(cls, tc->top[cls]);
+      if (tcache_refill(tc, cls, zeroed))
+        return zeroed && *zeroed ? tc->low[cls][0] : tcache_pop(cls, tc->top[cls]);
     }
     if (retried || !tcache_release_for_retry()) break;
   }
@@ -480,7 +485,15 @@ static void *malloc_slow(fm_tcache *tc, unsigned cls) {
 
 void *tcache_malloc_miss(size_t size, unsigned cls) {
   fm_tcache *tc = tcache_current();
-  return malloc_slow(tc, cls ? cls : fm_size_class(size));   /* the table is filled now */
+  return malloc_slow(tc, cls ? cls : fm_size_class(size), NULL);   /* the table is filled now */
+}
+
+void *tcache_calloc_miss(size_t size, unsigned cls) {
+  fm_tcache *tc = tcache_current();
+  bool zeroed = false;
+  void *p = malloc_slow(tc, cls ? cls : fm_size_class(size), &zeroed);   /* as malloc's */
+  if (p && !zeroed) memset(p, 0, size);
+  return p;
 }
 
 /* The mark alone is not proof: recycled memory holds old marks wherever blocks of another

@@ -317,27 +317,35 @@ static void churn(unsigned rounds) {
 /* 3000 threads leave RSS within 4 MiB of where 64 left it (leaked per-thread caches would
  * add about 64 KiB each: 190 MiB). */
 /* calloc of a block whose units were purged (here by malloc_trim) or never used skips its
- * memset: the pages read zero already, and stay out of RSS until the program writes them. A
- * block calloc takes from memory a freed block dirtied is cleared (test_api). */
+ * memset: the pages read zero already, and stay out of RSS until the program writes them.
+ * So do the blocks of a page or more of a size class, taken one by one from spans of such
+ * units. A block calloc takes from memory a freed block dirtied is cleared (test_api). */
 static void test_calloc_of_purged_units_untouched(void **state) {
-  enum { BLOCKS = 8 };
-  const size_t size = 768 * FMT_KIB;   /* spans of 12 units, from the chunks */
-  unsigned char *blocks[BLOCKS];
-  malloc_trim(0);
-  size_t rss0 = fmt_rss();
-  for (int i = 0; i < BLOCKS; i++) {
-    assert_non_null(blocks[i] = calloc(1, size));
-    assert_true(fm_owns(blocks[i]));
+  enum { MOST = 128 };
+  const struct { size_t size, count; } runs[] = {
+      {768 * FMT_KIB, 8},    /* spans of 12 units, from the chunks */
+      {16 * FMT_KIB, MOST},  /* a size class */
+      {4 * FMT_KIB, MOST},   /* the smallest size that calloc takes this way */
+  };
+  unsigned char *blocks[MOST];
+  for (unsigned r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+    size_t size = runs[r].size, count = runs[r].count;
+    malloc_trim(0);
+    size_t rss0 = fmt_rss();
+    for (size_t i = 0; i < count; i++) {
+      assert_non_null(blocks[i] = calloc(1, size));
+      assert_true(fm_owns(blocks[i]));
+    }
+    size_t rss1 = fmt_rss();
+    for (size_t i = 0; i < count; i++) {
+      if (!fmt_is_zero(blocks[i], size)) fail_msg("calloc(1, %zu) not zeroed", size);
+      memset(blocks[i], 0x77, size);
+      free(blocks[i]);
+    }
+    print_message("%zu callocs of %zu bytes: rss %zu -> %zu\n", count, size, rss0, rss1);
+    if (rss1 > rss0 + count * size / 4)
+      fail_msg("%zu callocs of %zu bytes raised RSS from %zu to %zu", count, size, rss0, rss1);
   }
-  size_t rss1 = fmt_rss();
-  for (int i = 0; i < BLOCKS; i++) {
-    if (!fmt_is_zero(blocks[i], size)) fail_msg("calloc(1, %zu) not zeroed", size);
-    memset(blocks[i], 0x77, size);
-    free(blocks[i]);
-  }
-  print_message("%d callocs of %zu bytes: rss %zu -> %zu\n", BLOCKS, size, rss0, rss1);
-  if (rss1 > rss0 + BLOCKS * size / 4)
-    fail_msg("%d callocs of %zu bytes raised RSS from %zu to %zu", BLOCKS, size, rss0, rss1);
 }
 
 /* Pages the OS refuses to purge (locked ones: madvise fails) stay dirty, so calloc clears
