@@ -315,22 +315,16 @@ static uint32_t span_block_index(const fm_span *span, const void *p) {
 /* Sets bit `bit` of *word and says whether it was set already: one bts, where C would
  * build the mask, test and or it (this runs once for every block a cache gives back). */
 static fm_always_inline bool bit_test_and_set(uint64_t *word, uint32_t bit) {
-  uint64_t value = *word;
   bool was_set;
-  __asm__("btsq %q2, %0" : "+r"(value), "=@ccc"(was_set) : "r"(bit));
-  *word = value;
+  __asm__("btsq %q2, %0" : "+r"(*word), "=@ccc"(was_set) : "r"(bit));
   return was_set;
 }
 
-/* The span a flush is giving blocks back to: the fields its loop reads, in registers,
- * and what the blocks given back so far change. */
+#define NO_WORD UINT32_MAX   /* no bitmap word loaded yet */
+
+/* The span a flush is giving blocks back to: what the blocks given back so far change. */
 typedef struct span_run {
   fm_span *span;      /* NULL before the first block */
-  char *start;
-  size_t len;         /* bytes its blocks take: its unused tail lies beyond */
-  size_t size;
-  uint64_t *bits;
-  uint32_t magic;
   uint32_t low_word;  /* the lowest bitmap word given a free bit */
   size_t from;        /* blocks[from ..] went to it, but those that moved to the front */
   size_t pending;     /* how many had moved to the front (other arenas') at `from` */
@@ -338,11 +332,6 @@ typedef struct span_run {
 
 static fm_always_inline void span_run_start(span_run *run, fm_span *span, size_t i, size_t pending) {
   run->span = span;
-  run->start = span->start;
-  run->len = span_blocks_len(span);
-  run->size = span->block_size;
-  run->bits = span_free_bits(span);
-  run->magic = span->index_magic;
   run->low_word = span->scan;
   run->from = i;
   run->pending = pending;
@@ -378,28 +367,47 @@ void arena_free_blocks(void **blocks, size_t n) {
     fm_arena *arena = cached_block_span(blocks[0])->arena;
     size_t pending = 0;
     span_run run = {.span = NULL};
+    /* The current span's fields the loop reads, and the bitmap word the last block fell
+     * in, in locals, so in registers: most blocks a cache gives back share a word with the
+     * one before, and then neither load nor store it. The word is stored when a block
+     * falls in another, and when the run ends. */
+    char *start = NULL;
+    size_t len = 0, size = 0;
+    uint32_t magic = 0, word_index = NO_WORD;
+    uint64_t *bits = NULL, word = 0;
     fm_lock(&arena->lock, threaded);
     for (size_t i = 0; i < n; i++) {
       void *p = blocks[i];
-      size_t offset = (uintptr_t)p - (uintptr_t)run.start;   /* any p, before the first run */
-      if (offset >= run.len) {
+      size_t offset = (uintptr_t)p - (uintptr_t)start;   /* any p, before the first run */
+      if (offset >= len) {
         fm_span *span = cached_block_span(p);
         if (span->arena != arena) {
           blocks[pending++] = p;
           continue;
         }
+        if (word_index != NO_WORD) bits[word_index] = word;
         span_run_end(arena, &run, i, pending);
         span_run_start(&run, span, i, pending);
-        offset = (size_t)((char *)p - run.start);
-        if (fm_unlikely(offset >= run.len)) os_fatal("free(): invalid pointer", p);
+        start = span->start;
+        len = span_blocks_len(span);
+        size = span->block_size;
+        magic = span->index_magic;
+        bits = span_free_bits(span);
+        word_index = NO_WORD;
+        offset = (size_t)((char *)p - start);
+        if (fm_unlikely(offset >= len)) os_fatal("free(): invalid pointer", p);
       }
       uint32_t index;
-      if (fm_unlikely(!block_at(offset, run.magic, run.size, &index)))
-        os_fatal("free(): invalid pointer", p);
-      if (fm_unlikely(bit_test_and_set(&run.bits[index / 64], index)))
-        os_fatal("free(): double free detected", p);
-      if (index / 64 < run.low_word) run.low_word = index / 64;
+      if (fm_unlikely(!block_at(offset, magic, size, &index))) os_fatal("free(): invalid pointer", p);
+      if (index / 64 != word_index) {
+        if (word_index != NO_WORD) bits[word_index] = word;
+        word_index = index / 64;
+        word = bits[word_index];
+        if (word_index < run.low_word) run.low_word = word_index;
+      }
+      if (fm_unlikely(bit_test_and_set(&word, index))) os_fatal("free(): double free detected", p);
     }
+    if (word_index != NO_WORD) bits[word_index] = word;
     span_run_end(arena, &run, n, pending);
     arena_unlock_after_free(arena, threaded);
     n = pending;
