@@ -145,10 +145,75 @@ static void test_fork_while_threads_allocate(void **state) {
   assert_int_equal(atomic_load(&worker_errors), 0);
 }
 
+/* ---- the process-wide bound on grown caches, after fork ----
+ * Threads' caches may grow past their start limits by 8 times the per-thread budget in all.
+ * A child keeps only the forking thread, so it must not inherit what the other threads' caches
+ * had taken of that bound: a thread of the child must still be able to grow its cache. */
+
+enum { GROWERS = 10, GROW_BLOCKS = 2048 };
+static pthread_barrier_t grown, forked;
+
+/* Mallocs and frees GROW_BLOCKS blocks of `size` a few times: the bin grows as far as the
+ * budgets allow. Returns how many bytes the thread's cache holds afterwards, as mallinfo2
+ * counts them (cached blocks count as in use). */
+static size_t grow_cache(size_t size) {
+  static __thread void *blocks[GROW_BLOCKS];
+  size_t before = mallinfo2().uordblks;
+  for (int round = 0; round < 4; round++) {
+    for (int i = 0; i < GROW_BLOCKS; i++)
+      if (!(blocks[i] = malloc(size))) return 0;
+    for (int i = 0; i < GROW_BLOCKS; i++) free(blocks[i]);
+  }
+  size_t after = mallinfo2().uordblks;
+  return after > before ? after - before : 0;
+}
+
+static void *grower(void *arg) {
+  grow_cache(1024);
+  grow_cache(1536);   /* together: the 4 MiB budget of one thread */
+  pthread_barrier_wait(&grown);
+  pthread_barrier_wait(&forked);   /* alive, and so counted, while main forks */
+  return NULL;
+}
+
+static void *child_grower(void *arg) { return (void *)(uintptr_t)grow_cache(1024); }
+
+static void child_grows_cache(void *arg) {
+  pthread_t t;
+  void *held;
+  if (pthread_create(&t, NULL, child_grower, NULL) || pthread_join(t, &held)) _exit(2);
+  if ((uintptr_t)held < FMT_MIB) {
+    fprintf(stderr, "a new thread of the child cached only %zu bytes\n", (size_t)(uintptr_t)held);
+    _exit(3);
+  }
+}
+
+static void test_fork_resets_cache_bound(void **state) {
+  pthread_t t[GROWERS];
+  assert_int_equal(pthread_barrier_init(&grown, NULL, GROWERS + 1), 0);
+  assert_int_equal(pthread_barrier_init(&forked, NULL, GROWERS + 1), 0);
+  for (int i = 0; i < GROWERS; i++) assert_int_equal(pthread_create(&t[i], NULL, grower, NULL), 0);
+  pthread_barrier_wait(&grown);
+  /* Here the growers' caches hold the whole bound: a new thread's cache cannot grow. */
+  pthread_t probe;
+  void *held;
+  assert_int_equal(pthread_create(&probe, NULL, child_grower, NULL), 0);
+  assert_int_equal(pthread_join(probe, &held), 0);
+  if ((uintptr_t)held >= FMT_MIB) fail_msg("the bound did not bind: a new thread cached %zu bytes",
+                                           (size_t)(uintptr_t)held);
+  char err[4096];
+  fmt_assert_child_ok(fmt_run_child(child_grows_cache, NULL, 60, err, sizeof err), err);
+  pthread_barrier_wait(&forked);
+  for (int i = 0; i < GROWERS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  pthread_barrier_destroy(&grown);
+  pthread_barrier_destroy(&forked);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_single_threaded),
       cmocka_unit_test(test_fork_while_threads_allocate),
+      cmocka_unit_test(test_fork_resets_cache_bound),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
