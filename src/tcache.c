@@ -525,6 +525,7 @@ static void free_slow(void *p, unsigned cls) {
 }
 
 void tcache_free_miss(void *p) {
+  if (!p) return;   /* free(NULL), common in cleanup code: before the errno and map work */
   int saved = errno;   /* free never changes errno, whatever its slow path meets */
   free_slow(p, fm_unit_class_checked(p));   /* 0 for any pointer before set-up */
   errno = saved;
