@@ -176,12 +176,13 @@ static void *grower(void *arg) {
   return NULL;
 }
 
-static void *child_grower(void *arg) { return (void *)(uintptr_t)grow_cache(1024); }
+/* A thread started now: how much its cache can grow to hold. */
+static void *new_thread_grows(void *arg) { return (void *)(uintptr_t)grow_cache(1024); }
 
 static void child_grows_cache(void *arg) {
   pthread_t t;
   void *held;
-  if (pthread_create(&t, NULL, child_grower, NULL) || pthread_join(t, &held)) _exit(2);
+  if (pthread_create(&t, NULL, new_thread_grows, NULL) || pthread_join(t, &held)) _exit(2);
   if ((uintptr_t)held < FMT_MIB) {
     fprintf(stderr, "a new thread of the child cached only %zu bytes\n", (size_t)(uintptr_t)held);
     _exit(3);
@@ -197,7 +198,7 @@ static void test_fork_resets_cache_bound(void **state) {
   /* Here the growers' caches hold the whole bound: a new thread's cache cannot grow. */
   pthread_t probe;
   void *held;
-  assert_int_equal(pthread_create(&probe, NULL, child_grower, NULL), 0);
+  assert_int_equal(pthread_create(&probe, NULL, new_thread_grows, NULL), 0);
   assert_int_equal(pthread_join(probe, &held), 0);
   if ((uintptr_t)held >= FMT_MIB) fail_msg("the bound did not bind: a new thread cached %zu bytes",
                                            (size_t)(uintptr_t)held);
