@@ -205,8 +205,10 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     if (zeroed && !got) {
       uint32_t first_word = w;
       while (!bits[first_word]) first_word++;   /* (a listed span has a free block) */
-      if (first_word * 64 + (uint32_t)__builtin_ctzll(bits[first_word]) >= span->fresh)
-        *zeroed = true, want = 1;
+      if (first_word * 64 + (uint32_t)__builtin_ctzll(bits[first_word]) >= span->fresh) {
+        *zeroed = true;
+        want = 1;
+      }
     }
     void **next = out + got, **end = out + want;
     /* base: the block of bit 0 of word w, a local as the stores to out[] might alias

@@ -227,17 +227,32 @@ static void span_set_block_size(fm_span *span, size_t block) {
   span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));
 }
 
+/* Free units first .. first + count - 1 join the span of class cls whose first unit is
+ * head; their unit-map entries follow. */
+static void units_take(fm_chunk *chunk, unsigned head, unsigned first, unsigned count, unsigned cls) {
+  uint64_t bits = unit_bits(first, count);
+  chunk->free_units &= ~bits;
+  chunk->dirty_units &= ~bits;
+  chunk->stale_units &= ~bits;
+  for (unsigned u = first; u < first + count; u++) chunk->head_of[u] = (uint8_t)head;
+  fm_unit_map_set((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)count * FM_UNIT_SIZE, (uint8_t)cls);
+}
+
+/* Units first .. first + count - 1 leave their span: free, and dirty unless purged. */
+static void units_give_back(fm_chunk *chunk, unsigned first, unsigned count, bool purged) {
+  uint64_t bits = unit_bits(first, count);
+  fm_unit_map_set((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)count * FM_UNIT_SIZE, 0);
+  chunk->free_units |= bits;
+  if (!purged) chunk->dirty_units |= bits;
+}
+
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
   if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
-  uint64_t bits = unit_bits((unsigned)first, units);
-  bool zeroed = !(bits & chunk->dirty_units);
-  chunk->free_units &= ~bits;
-  chunk->dirty_units &= ~bits;
-  chunk->stale_units &= ~bits;
-  for (unsigned u = (unsigned)first; u < (unsigned)first + units; u++) chunk->head_of[u] = (uint8_t)first;
+  bool zeroed = !(unit_bits((unsigned)first, units) & chunk->dirty_units);
+  units_take(chunk, (unsigned)first, (unsigned)first, units, cls);
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
   span->cls = (uint8_t)cls;
@@ -250,17 +265,12 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   span->fresh = zeroed ? 0 : (uint16_t)span->capacity;
   span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
   if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
-  fm_unit_map_set(span->start, span_bytes(span), (uint8_t)cls);
   return span;
 }
 
 void chunk_give_back_span(fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
-  unsigned first = (unsigned)(span - chunk->spans);
-  uint64_t bits = unit_bits(first, span->units);
-  fm_unit_map_set(span->start, span_bytes(span), 0);
-  chunk->free_units |= bits;
-  if (!purged) chunk->dirty_units |= bits;
+  units_give_back(chunk, (unsigned)(span - chunk->spans), span->units, purged);
 }
 
 bool chunk_resize_large_span(fm_span *span, unsigned units) {
@@ -268,21 +278,12 @@ bool chunk_resize_large_span(fm_span *span, unsigned units) {
   unsigned first = (unsigned)(span - chunk->spans);
   fm_assert(span->cls == FM_CLASS_SPAN_LARGE && units > 0);
   if (first + units > FM_UNITS_PER_CHUNK) return false;
-  char *end = span->start + span_bytes(span);
   if (units > span->units) {
     uint64_t bits = unit_bits(first + span->units, units - span->units);
     if ((chunk->free_units & bits) != bits) return false;
-    chunk->free_units &= ~bits;
-    chunk->dirty_units &= ~bits;
-    chunk->stale_units &= ~bits;
-    for (unsigned u = first + span->units; u < first + units; u++) chunk->head_of[u] = (uint8_t)first;
-    fm_unit_map_set(end, (size_t)(units - span->units) * FM_UNIT_SIZE, FM_CLASS_SPAN_LARGE);
+    units_take(chunk, first, first + span->units, units - span->units, FM_CLASS_SPAN_LARGE);
   } else {
-    char *new_end = span->start + (size_t)units * FM_UNIT_SIZE;
-    fm_unit_map_set(new_end, (size_t)(end - new_end), 0);
-    uint64_t bits = unit_bits(first + units, span->units - units);
-    chunk->free_units |= bits;
-    chunk->dirty_units |= bits;
+    units_give_back(chunk, first + units, span->units - units, false);
   }
   span->units = (uint8_t)units;
   span_set_block_size(span, span_bytes(span));

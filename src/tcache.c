@@ -488,10 +488,16 @@ void *tcache_malloc_miss(size_t size, unsigned cls) {
   return malloc_slow(tc, cls ? cls : fm_size_class(size), NULL);   /* the table is filled now */
 }
 
-void *tcache_calloc_miss(size_t size, unsigned cls) {
-  fm_tcache *tc = tcache_current();
+void *tcache_calloc_paged(size_t size) {
+  unsigned cls = fm_size_class(size);   /* 0 before set-up: class 0's bin is always empty */
   bool zeroed = false;
-  void *p = malloc_slow(tc, cls ? cls : fm_size_class(size), &zeroed);   /* as malloc's */
+  void *p;
+  if (fm_tc.top[cls] != fm_tc.low[cls]) {
+    p = tcache_pop(cls, fm_tc.top[cls]);
+  } else {
+    fm_tcache *tc = tcache_current();
+    p = malloc_slow(tc, fm_size_class(size), &zeroed);   /* the table is filled now */
+  }
   if (p && !zeroed) memset(p, 0, size);
   return p;
 }

@@ -12,8 +12,6 @@
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
 
-#include <string.h>
-
 #include "arena.h"
 
 /* A thread's cache lives in the thread's static TLS, so the fast paths address it off
@@ -59,7 +57,14 @@ extern fm_hidden __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec
 fm_noinline void *tcache_malloc_miss(size_t size, unsigned cls);   /* cls 0: by size */
 fm_noinline void tcache_free_miss(void *p);
 fm_noinline void *fm_malloc_untabled(size_t size);   /* size > FM_TABLED_MAX */
-fm_noinline void *tcache_calloc_miss(size_t size, unsigned cls);
+/* calloc of FM_CALLOC_PAGED_MIN .. FM_SMALL_MAX bytes: a block from the bin is cleared.
+ * When the bin is empty, a block comes from the arena, cleared only if it may hold data:
+ * one not handed out since its span's units were last zero is left as it is. A growing
+ * heap's callocs then skip the clear, and the pages their callers never write stay out of
+ * RSS, as glibc's do for memory fresh from the OS. (Not inline: a clear of a page or more
+ * dwarfs the call.) */
+#define FM_CALLOC_PAGED_MIN FM_PAGE_SIZE
+fm_noinline void *tcache_calloc_paged(size_t size);
 
 /* gcc would otherwise compute &fm_tc.top[cls] with one more instruction, to share it
  * between the load and the store of top: this hides that they share cls. */
@@ -106,19 +111,6 @@ static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool 
 static fm_always_inline void *tcache_malloc(size_t size) {
   if (fm_unlikely(size > FM_TABLED_MAX)) return fm_malloc_untabled(size);
   return tcache_malloc_class(fm_tc.class_of_granule[(size + 15) >> 4], size, true);
-}
-
-/* calloc of FM_CALLOC_PAGED_MIN .. FM_SMALL_MAX bytes: a block from the bin is cleared.
- * When the bin is empty, a block comes from the arena, cleared only if it may hold data:
- * one not handed out since its span's units were last zero is left as it is. A growing
- * heap's callocs then skip the clear, and the pages their callers never write stay out of
- * RSS, as glibc's do for memory fresh from the OS. */
-#define FM_CALLOC_PAGED_MIN FM_PAGE_SIZE
-static inline void *tcache_calloc_paged(size_t size) {
-  size_t cls = fm_size_class(size);
-  void **top = fm_tc.top[cls];
-  if (top == fm_tc.low[cls]) return tcache_calloc_miss(size, (unsigned)cls);
-  return memset(tcache_pop(cls, top), 0, size);
 }
 
 static fm_always_inline void tcache_free(void *p) {
