@@ -2,8 +2,7 @@
 # The test command: installs what the tests need (Debian packages, when root and missing),
 # builds fastmalloc in Release with its tests, and runs them all with ctest; then the same for
 # the build without the double-free mark (-DFM_FREE_MARK=OFF), in <build-dir>-no-mark, and
-# for the Debug build, whose assertions check the allocator's invariants, in <build-dir>-debug,
-# and for that build under UndefinedBehaviorSanitizer (-DFM_UBSAN=ON), in <build-dir>-ubsan.
+# for the Debug build, whose assertions check the allocator's invariants, in <build-dir>-debug.
 # Usage: tests/run-tests.sh [build-dir]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,11 +43,3 @@ cmake -S . -B "$build-debug" -DCMAKE_BUILD_TYPE=Debug -DFASTMALLOC_BUILD_TESTS=O
   -DFASTMALLOC_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build-debug" -j"$(nproc)"
 ctest --test-dir "$build-debug" --output-on-failure --no-tests=error -j2
-
-# The Debug build again under UndefinedBehaviorSanitizer (gcc's, no package to add): a
-# shift, overflow, misaligned or out-of-bounds access in the allocator or a test traps
-# (SIGILL) in that test; run the test under gdb to see where.
-cmake -S . -B "$build-ubsan" -DCMAKE_BUILD_TYPE=Debug -DFASTMALLOC_BUILD_TESTS=ON \
-  -DFASTMALLOC_BUILD_BENCH=OFF -DFM_UBSAN=ON >/dev/null
-cmake --build "$build-ubsan" -j"$(nproc)"
-ctest --test-dir "$build-ubsan" --output-on-failure --no-tests=error -j2
