@@ -406,13 +406,22 @@ def target_rows(res, jobs, peers, alloc, fast_path):
             rows.append((target, (f"{g:.2f}" if g else "—") + failed_note(failed),
                          bool(g) and g <= bound and not failed))
 
+    def none_over(target, pairs, bound, name_them):
+        """The pairs over bound (or failed): named with their ratios, else counted with the worst."""
+        if not pairs:
+            return
+        over = [(k, r) for k, r in pairs if not r or r > bound]
+        if name_them:
+            listed = ", ".join(f"{k} {fmt_ratio(r or math.inf)}" for k, r in over)
+            figure = f"{len(over)} over: {listed}" if over else "none over"
+        else:
+            worst = max((r for _, r in pairs if r), default=None)
+            figure = f"{len(over) or 'none'} over" + (f"; worst {worst:.2f}" if worst else "")
+        rows.append((target, figure, not over))
+
     simple = ratios_of(kinds=("simple",))
     mean_at_most("bench-malloc-simple: geometric mean of the cells ≤ 0.80 × the best peer", simple, 0.80)
-    if simple:
-        over = [(k, r) for k, r in simple if not r or r > 1.05]
-        worst = max((r for _, r in simple if r), default=None)
-        rows.append(("bench-malloc-simple: no cell over 1.05 × the best peer",
-                     f"{len(over) or 'none'} over" + (f"; worst {worst:.2f}" if worst else ""), not over))
+    none_over("bench-malloc-simple: no cell over 1.05 × the best peer", simple, 1.05, name_them=False)
     each_at_most("bench-malloc-thread: each thread count ≤ 0.85 × the best peer",
                  ratios_of(kinds=("thread",)), 0.85)
     each_at_most("cross-thread frees (message): ≤ the best peer",
@@ -427,11 +436,7 @@ def target_rows(res, jobs, peers, alloc, fast_path):
                      f"{fast_path[0]:.1f}, {fast_path[1]:.1f}", max(fast_path) <= 30))
     peaks = ratios_of(metric="peak_rss")
     mean_at_most("peak RSS: geometric mean ≤ 1.00 × the smallest peer's", peaks, 1.0)
-    if peaks:
-        over = [(k, r) for k, r in peaks if not r or r > 1.25]
-        listed = ", ".join(f"{k} {fmt_ratio(r or math.inf)}" for k, r in over)
-        rows.append(("peak RSS: none over 1.25 × the smallest peer's",
-                     f"{len(over)} over: {listed}" if over else "none over", not over))
+    none_over("peak RSS: none over 1.25 × the smallest peer's", peaks, 1.25, name_them=True)
     # Back to where it started once everything is freed and trimmed: within 1 MiB + 5 % of peak.
     excess = []
     for job in (j for j in jobs if j.kind.startswith("workload")):

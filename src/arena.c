@@ -203,9 +203,8 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     uint64_t *bits = span_free_bits(span);
     uint32_t words = (span->capacity + 63) / 64, w = span->scan;
     if (zeroed && !got) {
-      uint32_t first_word = w;
-      while (!bits[first_word]) first_word++;   /* (a listed span has a free block) */
-      if (first_word * 64 + (uint32_t)__builtin_ctzll(bits[first_word]) >= span->fresh) {
+      while (!bits[w]) w++;   /* (a listed span has a free block; the scan starts there) */
+      if (w * 64 + (uint32_t)__builtin_ctzll(bits[w]) >= span->fresh) {
         *zeroed = true;
         want = 1;
       }
@@ -324,6 +323,11 @@ static fm_always_inline bool bit_test_and_set(uint64_t *word, uint32_t bit) {
 
 #define NO_WORD UINT32_MAX   /* no bitmap word loaded yet */
 
+/* Puts the bitmap word a flush keeps in a register back, if it loaded one. */
+static fm_always_inline void word_store(uint64_t *bits, uint32_t word_index, uint64_t word) {
+  if (word_index != NO_WORD) bits[word_index] = word;
+}
+
 /* The span a flush is giving blocks back to: what the blocks given back so far change. */
 typedef struct span_run {
   fm_span *span;      /* NULL before the first block */
@@ -387,7 +391,7 @@ void arena_free_blocks(void **blocks, size_t n) {
           blocks[pending++] = p;
           continue;
         }
-        if (word_index != NO_WORD) bits[word_index] = word;
+        word_store(bits, word_index, word);
         span_run_end(arena, &run, i, pending);
         span_run_start(&run, span, i, pending);
         start = span->start;
@@ -402,14 +406,14 @@ void arena_free_blocks(void **blocks, size_t n) {
       uint32_t index;
       if (fm_unlikely(!block_at(offset, magic, size, &index))) os_fatal("free(): invalid pointer", p);
       if (index / 64 != word_index) {
-        if (word_index != NO_WORD) bits[word_index] = word;
+        word_store(bits, word_index, word);
         word_index = index / 64;
         word = bits[word_index];
         if (word_index < run.low_word) run.low_word = word_index;
       }
       if (fm_unlikely(bit_test_and_set(&word, index))) os_fatal("free(): double free detected", p);
     }
-    if (word_index != NO_WORD) bits[word_index] = word;
+    word_store(bits, word_index, word);
     span_run_end(arena, &run, n, pending);
     arena_unlock_after_free(arena, threaded);
     n = pending;

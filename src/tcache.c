@@ -496,7 +496,7 @@ void *tcache_calloc_paged(size_t size) {
     p = tcache_pop(cls, fm_tc.top[cls]);
   } else {
     fm_tcache *tc = tcache_current();
-    p = malloc_slow(tc, fm_size_class(size), &zeroed);   /* the table is filled now */
+    p = malloc_slow(tc, cls ? cls : fm_size_class(size), &zeroed);   /* the table is filled now */
   }
   if (p && !zeroed) memset(p, 0, size);
   return p;

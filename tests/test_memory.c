@@ -315,8 +315,6 @@ static void churn(unsigned rounds) {
   pthread_attr_destroy(&attr);
 }
 
-/* 3000 threads leave RSS within 4 MiB of where 64 left it (leaked per-thread caches would
- * add about 64 KiB each: 190 MiB). */
 /* calloc of a block whose units were purged (here by malloc_trim) or never used skips its
  * memset: the pages read zero already, and stay out of RSS until the program writes them.
  * So do the blocks of a page or more of a size class, taken one by one from spans of such
@@ -370,6 +368,8 @@ static void test_calloc_after_refused_purge(void **state) {
   free(keeper);
 }
 
+/* 3000 threads leave RSS within 4 MiB of where 64 left it (leaked per-thread caches would
+ * add about 64 KiB each: 190 MiB). */
 static void test_thread_churn_rss(void **state) {
   churn(8);
   size_t rss_warm = fmt_rss();
