@@ -1,8 +1,9 @@
-/* Threads: random malloc/free/realloc with payload checks in 8 threads, producer/consumer
- * frees, errno under contended locks, short-lived threads, thread exit with cached blocks,
- * allocation from a pthread key destructor that runs after fastmalloc's own, calloc after
- * remote frees, large blocks traded between threads, live blocks that look freed. Worker
- * threads never call cmocka: they count failures for the main thread. */
+/* Threads: random malloc/free/realloc with payload checks in 8 threads (also while the main
+ * thread trims over and over), producer/consumer frees, errno under contended locks,
+ * short-lived threads, thread exit with cached blocks, allocation from a pthread key
+ * destructor that runs after fastmalloc's own, calloc after remote frees, large blocks
+ * traded between threads, live blocks that look freed. Worker threads never call cmocka:
+ * they count failures for the main thread. */
 #include "fm_test.h"
 
 #include <pthread.h>
@@ -56,7 +57,8 @@ static size_t random_size(uint64_t *rng) {
   if (r < 800) return 16 + x % 241;
   if (r < 970) return 257 + x % 7936;
   if (r < 998) return 8193 + x % 24576;
-  return 32769 + x % (224 * FMT_KIB);
+  if (x % 8) return 32769 + x % (224 * FMT_KIB);
+  return FMT_MIB + x % (3 * FMT_MIB);   /* 1 in 4000: a block in its own mapping */
 }
 
 static void block_free(void *p) {
@@ -218,6 +220,42 @@ static void test_random_8_threads(void **state) {
     }
   }
   assert_no_failures();
+}
+
+/* The same workers while the main thread trims over and over: each trim purges and
+ * unmaps under the arenas' locks while the workers take and give back spans, large
+ * mappings and cached blocks (run again with a 1 ms purge delay by ctest, so that purge
+ * ticks race with them too). */
+static atomic_int workers_done;
+
+static void *random_worker_then_done(void *arg) {
+  random_worker(arg);
+  atomic_fetch_add(&workers_done, 1);
+  return NULL;
+}
+
+static void test_random_threads_while_trimming(void **state) {
+  pthread_t t[RT_THREADS];
+  atomic_store(&workers_done, 0);
+  for (uintptr_t i = 0; i < RT_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, random_worker_then_done, (void *)(i + 101)), 0);
+  unsigned trims = 0;
+  while (atomic_load(&workers_done) < RT_THREADS) {
+    malloc_trim(0);
+    trims++;
+    usleep(200);
+  }
+  for (int i = 0; i < RT_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (int i = 0; i < RT_EXCHANGE; i++) {
+    void *p = atomic_exchange(&exchange[i], NULL);
+    if (p) {
+      block_verify(p, SIZE_MAX);
+      free(p);
+    }
+  }
+  print_message("%u trims while the workers ran\n", trims);
+  assert_no_failures();
+  assert_true(trims > 0);
 }
 
 /* ---- producer/consumer: every block is freed by a thread that did not allocate it ---- */
@@ -707,6 +745,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_random_8_threads),
+      cmocka_unit_test(test_random_threads_while_trimming),
       cmocka_unit_test(test_producer_consumer),
       cmocka_unit_test(test_contended_free_keeps_errno),
       cmocka_unit_test(test_short_lived_threads),
