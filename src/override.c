@@ -65,7 +65,10 @@ static void *large_block(size_t size, size_t align, large_use use) {
 /* malloc beyond the thread cache's copy of the size table: a class from the global
  * table, or a large block. */
 void *fm_malloc_untabled(size_t size) {
-  if (size > FM_SMALL_MAX) return large_block(size, 0, LARGE_PLAIN);
+  if (size > FM_SMALL_MAX) {
+    if (size <= FM_UNIT_SIZE && fm_tc.unit_count) return tcache_take_unit_block();
+    return large_block(size, 0, LARGE_PLAIN);
+  }
   return tcache_malloc_class(fm_size_class(size), size, true);
 }
 

@@ -317,6 +317,34 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   tc->high[cls] = tc->low[cls] + limit;
 }
 
+/* Gives the one-unit large blocks the cache keeps back to their arenas. */
+static void tcache_flush_unit_blocks(fm_tcache *tc) {
+  while (tc->unit_count) {
+    void *p = tc->unit_blocks[--tc->unit_count];
+    arena_unstash_unit_block(p);
+    arena_free_span_large(p);
+  }
+}
+
+void *tcache_take_unit_block(void) {
+  fm_tcache *tc = &fm_tc;
+  if (!tc->unit_count) return NULL;
+  void *p = tc->unit_blocks[--tc->unit_count];
+  tc->units_used = true;
+  arena_unstash_unit_block(p);
+  return p;
+}
+
+/* Keeps freed block p if it is a one-unit large block and there is room. */
+static bool tcache_keep_unit_block(fm_tcache *tc, void *p) {
+  if (tc->state != FM_TCACHE_LIVE || tc->unit_count == FM_TCACHE_UNIT_BLOCKS ||
+      !arena_stash_unit_block(p))
+    return false;
+  tc->unit_blocks[tc->unit_count++] = p;
+  tc->units_used = true;
+  return true;
+}
+
 /* What a bin's slow paths saw since the last idle sweep. */
 enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2 };
 
@@ -336,6 +364,8 @@ static void tcache_idle_sweep(fm_tcache *tc) {
     }
     tc->activity[cls] = 0;
   }
+  if (!tc->units_used) tcache_flush_unit_blocks(tc);
+  tc->units_used = false;
 }
 
 /* Doubles the bin's limit while under its maximum, the thread's byte budget and the
@@ -424,6 +454,7 @@ static void tcache_overflow(fm_tcache *tc, unsigned cls) {
 /* Every bin in one array, so the arenas are locked once each, not once a bin: the bins
  * lie in class order, so each moves down to follow the previous one. */
 static void tcache_flush_all(fm_tcache *tc) {
+  tcache_flush_unit_blocks(tc);
   void **end = tc->slots;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t count = bin_count(tc, cls);
@@ -533,7 +564,8 @@ static void free_slow(void *p, unsigned cls) {
 void tcache_free_miss(void *p) {
   if (!p) return;   /* free(NULL), common in cleanup code: before the errno and map work */
   int saved = errno;   /* free never changes errno, whatever its slow path meets */
-  free_slow(p, fm_unit_class_checked(p));   /* 0 for any pointer before set-up */
+  unsigned cls = fm_unit_class_checked(p);   /* 0 for any pointer before set-up */
+  if (cls != FM_CLASS_SPAN_LARGE || !tcache_keep_unit_block(&fm_tc, p)) free_slow(p, cls);
   errno = saved;
 }
 
