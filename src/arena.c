@@ -468,26 +468,17 @@ void arena_free_span_large(void *p) {
   arena_unlock_after_free(arena, threaded);
 }
 
-bool arena_stash_unit_block(void *p) {
+bool arena_mark_unit_block_kept(void *p, bool kept) {
   fm_span *span = span_of(p);
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  bool stashed = p == span->start && span->used == 1 && span->cls == FM_CLASS_SPAN_LARGE &&
-                 span->units == 1;
-  if (stashed) span->used = 0;
+  bool marked = !kept || (p == span->start && span->used == 1 &&
+                          span->cls == FM_CLASS_SPAN_LARGE && span->units == 1);
+  fm_assert(kept || (p == span->start && span->used == 0 && span->cls == FM_CLASS_SPAN_LARGE));
+  if (marked) span->used = !kept;
   fm_unlock(&arena->lock, threaded);
-  return stashed;
-}
-
-void arena_unstash_unit_block(void *p) {
-  fm_span *span = span_of(p);
-  fm_arena *arena = span->arena;
-  bool threaded = fm_threaded();
-  fm_lock(&arena->lock, threaded);
-  fm_assert(p == span->start && span->used == 0 && span->cls == FM_CLASS_SPAN_LARGE);
-  span->used = 1;
-  fm_unlock(&arena->lock, threaded);
+  return marked;
 }
 
 size_t arena_block_usable_size(const void *p, unsigned cls) {

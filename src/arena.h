@@ -43,11 +43,10 @@ void arena_free_blocks(void **blocks, size_t n);
 void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed);
 void arena_free_span_large(void *p);
 /* A thread cache keeps a few freed one-unit large blocks (32-64 KiB) for its thread's next
- * such malloc, their spans off the arena's lists. Stashing marks the block free, so that a
- * second free from any thread is still caught, and is refused (false) for anything but a
- * live one-unit large block; unstashing makes it live again. */
-bool arena_stash_unit_block(void *p);
-void arena_unstash_unit_block(void *p);
+ * such malloc, their spans off the arena's lists. Kept (kept: true), the block is marked
+ * free, so that a second free from any thread is still caught; that is refused (false) for
+ * anything but a live one-unit large block. Taken back (false), it is live again. */
+bool arena_mark_unit_block_kept(void *p, bool kept);
 /* Resizes live large block p (a whole span) in place to hold size bytes: into the free
  * units that follow it, or by giving back its last units; false when it cannot grow
  * there (or would pass the span-large limit). */

@@ -321,24 +321,24 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
 static void tcache_flush_unit_blocks(fm_tcache *tc) {
   while (tc->unit_count) {
     void *p = tc->unit_blocks[--tc->unit_count];
-    arena_unstash_unit_block(p);
+    arena_mark_unit_block_kept(p, false);
     arena_free_span_large(p);
   }
 }
 
 void *tcache_take_unit_block(void) {
   fm_tcache *tc = &fm_tc;
-  if (!tc->unit_count) return NULL;
+  fm_assert(tc->unit_count > 0);
   void *p = tc->unit_blocks[--tc->unit_count];
   tc->units_used = true;
-  arena_unstash_unit_block(p);
+  arena_mark_unit_block_kept(p, false);
   return p;
 }
 
 /* Keeps freed block p if it is a one-unit large block and there is room. */
 static bool tcache_keep_unit_block(fm_tcache *tc, void *p) {
   if (tc->state != FM_TCACHE_LIVE || tc->unit_count == FM_TCACHE_UNIT_BLOCKS ||
-      !arena_stash_unit_block(p))
+      !arena_mark_unit_block_kept(p, true))
     return false;
   tc->unit_blocks[tc->unit_count++] = p;
   tc->units_used = true;
@@ -547,7 +547,10 @@ static void free_slow(void *p, unsigned cls) {
     if (p) os_fatal("free(): invalid pointer", p);
     return;
   }
-  if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
+  if (cls == FM_CLASS_SPAN_LARGE) {
+    if (!tcache_keep_unit_block(&fm_tc, p)) arena_free_span_large(p);
+    return;
+  }
   if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
@@ -564,8 +567,7 @@ static void free_slow(void *p, unsigned cls) {
 void tcache_free_miss(void *p) {
   if (!p) return;   /* free(NULL), common in cleanup code: before the errno and map work */
   int saved = errno;   /* free never changes errno, whatever its slow path meets */
-  unsigned cls = fm_unit_class_checked(p);   /* 0 for any pointer before set-up */
-  if (cls != FM_CLASS_SPAN_LARGE || !tcache_keep_unit_block(&fm_tc, p)) free_slow(p, cls);
+  free_slow(p, fm_unit_class_checked(p));   /* 0 for any pointer before set-up */
   errno = saved;
 }
 

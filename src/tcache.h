@@ -142,8 +142,8 @@ static inline bool tcache_block_is_free(void *p, unsigned cls) {
 bool fm_init(void);
 /* The calling thread's arena, for paths that bypass the cache. */
 fm_arena *tcache_arena(void);
-/* The newest one-unit large block this thread kept, live again (for malloc of 32-64 KiB);
- * NULL when it keeps none. */
+/* The newest one-unit large block this thread kept (unit_count > 0), live again, for a
+ * malloc of 32-64 KiB. */
 void *tcache_take_unit_block(void);
 /* Flushes the calling thread's cache and purges every arena: malloc_trim(0). */
 size_t tcache_trim(void);

@@ -207,11 +207,8 @@ static void test_marked_live_blocks_across_threads(void **state) {
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
 
-static void test_random_8_threads(void **state) {
-  pthread_t t[RT_THREADS];
-  for (uintptr_t i = 0; i < RT_THREADS; i++)
-    assert_int_equal(pthread_create(&t[i], NULL, random_worker, (void *)(i + 1)), 0);
-  for (int i = 0; i < RT_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+/* Frees (after a check) the blocks the workers left in the exchange. */
+static void exchange_drain(void) {
   for (int i = 0; i < RT_EXCHANGE; i++) {
     void *p = atomic_exchange(&exchange[i], NULL);
     if (p) {
@@ -219,6 +216,14 @@ static void test_random_8_threads(void **state) {
       free(p);
     }
   }
+}
+
+static void test_random_8_threads(void **state) {
+  pthread_t t[RT_THREADS];
+  for (uintptr_t i = 0; i < RT_THREADS; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, random_worker, (void *)(i + 1)), 0);
+  for (int i = 0; i < RT_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  exchange_drain();
   assert_no_failures();
 }
 
@@ -246,13 +251,7 @@ static void test_random_threads_while_trimming(void **state) {
     usleep(200);
   }
   for (int i = 0; i < RT_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
-  for (int i = 0; i < RT_EXCHANGE; i++) {
-    void *p = atomic_exchange(&exchange[i], NULL);
-    if (p) {
-      block_verify(p, SIZE_MAX);
-      free(p);
-    }
-  }
+  exchange_drain();
   print_message("%u trims while the workers ran\n", trims);
   assert_no_failures();
   assert_true(trims > 0);
