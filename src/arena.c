@@ -484,8 +484,9 @@ bool arena_mark_unit_block_kept(void *p, bool kept) {
 size_t arena_block_usable_size(const void *p, unsigned cls) {
   const fm_span *span = span_of(p);
   uint32_t index;
+  if (cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_UNIT)
+    return span->cls == FM_CLASS_SPAN_LARGE && p == span->start && span->used ? span_bytes(span) : 0;
   if (span->cls != cls) return 0;
-  if (cls == FM_CLASS_SPAN_LARGE) return p == span->start && span->used ? span_bytes(span) : 0;
   return span_block_at(span, p, &index) ? fm_class_size[cls] : 0;
 }
 
@@ -494,8 +495,13 @@ bool arena_block_is_free(void *p) {
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  uint32_t index = span_block_index(span, p);
-  bool is_free = span_free_bits(span)[index / 64] >> (index % 64) & 1;
+  bool is_free;
+  if (span->cls == FM_CLASS_SPAN_LARGE) {
+    is_free = p == span->start && span->used == 0;   /* a kept span */
+  } else {
+    uint32_t index = span_block_index(span, p);
+    is_free = span_free_bits(span)[index / 64] >> (index % 64) & 1;
+  }
   fm_unlock(&arena->lock, threaded);
   return is_free;
 }

@@ -51,12 +51,14 @@ bool arena_mark_unit_block_kept(void *p, bool kept);
  * units that follow it, or by giving back its last units; false when it cannot grow
  * there (or would pass the span-large limit). */
 bool arena_resize_span_large(void *p, size_t size);
-/* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class or
- * FM_CLASS_SPAN_LARGE); 0 when p starts no block there (an interior pointer, say). Takes no
+/* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class,
+ * FM_CLASS_SPAN_LARGE or FM_CLASS_UNIT); 0 when p starts no block there (an interior
+ * pointer, say). Takes no
  * lock: it reads what does not change while the block is allocated. */
 size_t arena_block_usable_size(const void *p, unsigned cls);
 
-/* True when small block p is free in its span (double-free confirmation). */
+/* True when block p of a chunk span (a small class, or a large block of one unit) is free
+ * in its arena (double-free confirmation). */
 bool arena_block_is_free(void *p);
 
 /* How arena_purge gives memory back: what stayed empty a whole purge delay (a tick), or

@@ -246,13 +246,19 @@ static void units_give_back(fm_chunk *chunk, unsigned first, unsigned count, boo
   if (!purged) chunk->dirty_units |= bits;
 }
 
+/* The unit-map entry of a span of class cls and `units` units: a large block of one unit
+ * has a marker of its own, which the thread caches' free fast path takes. */
+static unsigned unit_marker(unsigned cls, unsigned units) {
+  return cls == FM_CLASS_SPAN_LARGE && units == 1 ? FM_CLASS_UNIT : cls;
+}
+
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
   if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
   bool zeroed = !(unit_bits((unsigned)first, units) & chunk->dirty_units);
-  units_take(chunk, (unsigned)first, (unsigned)first, units, cls);
+  units_take(chunk, (unsigned)first, (unsigned)first, units, unit_marker(cls, units));
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
   span->cls = (uint8_t)cls;
@@ -287,6 +293,7 @@ bool chunk_resize_large_span(fm_span *span, unsigned units) {
   }
   span->units = (uint8_t)units;
   span_set_block_size(span, span_bytes(span));
+  fm_unit_map_set(span->start, FM_UNIT_SIZE, (uint8_t)unit_marker(span->cls, units));
   return true;
 }
 

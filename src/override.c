@@ -66,7 +66,8 @@ static void *large_block(size_t size, size_t align, large_use use) {
  * table, or a large block. */
 void *fm_malloc_untabled(size_t size) {
   if (size > FM_SMALL_MAX) {
-    if (size <= FM_UNIT_SIZE && fm_tc.unit_count) return tcache_take_unit_block();
+    if (size <= FM_UNIT_SIZE && fm_tc.top[FM_CLASS_UNIT] != fm_tc.low[FM_CLASS_UNIT])
+      return tcache_take_unit_block();
     return large_block(size, 0, LARGE_PLAIN);
   }
   return tcache_malloc_class(fm_size_class(size), size, true);
@@ -91,7 +92,8 @@ fm_api void *calloc(size_t count, size_t size) {
 static size_t usable_size(void *p, unsigned cls, const char *op) {
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p, op);
   size_t usable = cls ? arena_block_usable_size(p, cls) : 0;
-  if (!usable || (cls <= FM_NUM_SPAN_CLASSES && tcache_block_is_free(p, cls))) os_fatal(op, p);
+  if (!usable || ((cls <= FM_NUM_SPAN_CLASSES || cls == FM_CLASS_UNIT) && tcache_block_is_free(p, cls)))
+    os_fatal(op, p);
   return usable;
 }
 
@@ -118,7 +120,8 @@ fm_api void *realloc(void *p, size_t size) {
   bool grows = size > old;
   /* A large block in a span gives back its last units, or grows into free units that
    * follow it, without a copy (beyond REALLOC_MAPPED_MIN, a mapping serves growth better). */
-  if (cls == FM_CLASS_SPAN_LARGE && size > FM_SMALL_MAX && (!grows || size < REALLOC_MAPPED_MIN) &&
+  if ((cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_UNIT) && size > FM_SMALL_MAX &&
+      (!grows || size < REALLOC_MAPPED_MIN) &&
       arena_resize_span_large(p, size))
     return p;
   int saved = grows ? 0 : errno;   /* (read only where it is put back) */

@@ -16,7 +16,7 @@ const uint32_t fm_class_size[FM_BINS] = {
     FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21),
     FM_ROW4(25), FM_ROW4(29), FM_ROW4(33), FM_ROW4(37),
     FM_TWIN_SIZES,
-    0, 0, /* the large markers */
+    0, 0, 0, /* the large markers */
 };
 
 /* Padded: a multiple of 1 KiB up to 8 KiB (see size_class.h). */
@@ -29,7 +29,7 @@ const uint32_t fm_class_stride[FM_BINS] = {
     FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21),
     FM_SROW4(25), FM_SROW4(29), FM_SROW4(33), FM_SROW4(37),
     FM_TWIN_SIZES,
-    0, 0,
+    0, 0, 0,
 };
 _Static_assert(FM_GEOMETRIC(FM_NUM_CLASSES) == FM_SMALL_MAX, "last class is FM_SMALL_MAX");
 

@@ -1,7 +1,8 @@
 /* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 32 KiB.
- * Class 0 and the two large markers are never cached: the unit map stores them for
+ * Class 0 and the first two large markers are never cached: the unit map stores them for
  * "not ours", "large block in a chunk span" and "large block in its own mapping", and
- * their tcache bins are always full, so free() reaches its slow path without a test. */
+ * their tcache bins are always full, so free() reaches its slow path without a test.
+ * The third, a large block of one unit (32-64 KiB), has a bin of its own. */
 #ifndef FM_SIZE_CLASS_H
 #define FM_SIZE_CLASS_H
 
@@ -18,7 +19,9 @@
 #define FM_NUM_SPAN_CLASSES (FM_NUM_CLASSES + FM_NUM_TWINS)   /* every class with spans */
 #define FM_CLASS_SPAN_LARGE (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */
 #define FM_CLASS_MAPPED (FM_NUM_SPAN_CLASSES + 2)      /* unit-map marker: its own mapping */
-#define FM_BINS (FM_NUM_SPAN_CLASSES + 3)              /* tcache bins, markers included */
+#define FM_CLASS_UNIT (FM_NUM_SPAN_CLASSES + 3)        /* unit-map marker: a span-large block
+                                                          of one unit */
+#define FM_BINS (FM_NUM_SPAN_CLASSES + 4)              /* tcache bins, markers included */
 
 /* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */

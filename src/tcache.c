@@ -171,7 +171,8 @@ static void cache_leave(fm_tcache *tc) {
 static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
   void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
-  fm_assert(low == top || (low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *)));
+  fm_assert(low == top || cls == FM_CLASS_UNIT ||
+            (low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *)));
   for (void **b = low; b < top; b++)
     if (__atomic_load_n(b, __ATOMIC_RELAXED) == p) return true;
   return false;
@@ -238,6 +239,8 @@ static void tcache_layout_start(fm_tcache *tc) {
     at += start_room(cls);
   }
   tc->layout_end = at;
+  tc->low[FM_CLASS_UNIT] = tc->top[FM_CLASS_UNIT] = tc->unit_slots;
+  tc->high[FM_CLASS_UNIT] = tc->unit_slots + FM_TCACHE_UNIT_BLOCKS;
 }
 
 /* Gives bin cls room for `limit` blocks by moving the bins above it up, with their
@@ -317,32 +320,38 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   tc->high[cls] = tc->low[cls] + limit;
 }
 
-/* Gives the one-unit large blocks the cache keeps back to their arenas. */
+/* Gives the blocks of bin FM_CLASS_UNIT back to their arenas. */
 static void tcache_flush_unit_blocks(fm_tcache *tc) {
-  while (tc->unit_count) {
-    void *p = tc->unit_blocks[--tc->unit_count];
-    arena_mark_unit_block_kept(p, false);
-    arena_free_span_large(p);
-  }
+  void **low = tc->low[FM_CLASS_UNIT];
+  int32_t count = bin_count(tc, FM_CLASS_UNIT);
+  bin_set_top(tc, FM_CLASS_UNIT, low);   /* empty before they go back: other_cache_holds */
+  for (int32_t i = 0; i < count; i++) arena_free_span_large(low[i]);
 }
 
 void *tcache_take_unit_block(void) {
   fm_tcache *tc = &fm_tc;
-  fm_assert(tc->unit_count > 0);
-  void *p = tc->unit_blocks[--tc->unit_count];
+  void **top = tc->top[FM_CLASS_UNIT];
+  fm_assert(top != tc->low[FM_CLASS_UNIT]);
+  /* The free fast path took it unchecked. Anything but the start of a live one-unit span
+   * (a pointer into one, or a block that went back to its arena since) would be handed out
+   * over memory that is not its own. */
+  void *p = top[-1];
+  const fm_span *span = span_of(p);
+  if (fm_unlikely(p != span->start || span->used != 1 || span->units != 1))
+    os_fatal("free(): invalid pointer", p);
   tc->units_used = true;
-  arena_mark_unit_block_kept(p, false);
-  return p;
+  return tcache_pop(FM_CLASS_UNIT, top);
 }
 
-/* Keeps freed block p if it is a one-unit large block and there is room. */
-static bool tcache_keep_unit_block(fm_tcache *tc, void *p) {
-  if (tc->state != FM_TCACHE_LIVE || tc->unit_count == FM_TCACHE_UNIT_BLOCKS ||
-      !arena_mark_unit_block_kept(p, true))
-    return false;
-  tc->unit_blocks[tc->unit_count++] = p;
+/* free of a one-unit large block off the fast path: its bin is full (or the cache is gone
+ * or not set up yet), or the block carries the double-free mark. */
+static void free_unit_slow(void *p) {
+  if ((uintptr_t)p & (FM_UNIT_SIZE - 1)) os_fatal("free(): invalid pointer", p);
+  fm_tcache *tc = tcache_current();
+  if (tcache_block_is_free(p, FM_CLASS_UNIT)) os_fatal("free(): double free detected", p);
   tc->units_used = true;
-  return true;
+  if (tc->top[FM_CLASS_UNIT] == tc->high[FM_CLASS_UNIT]) return arena_free_span_large(p);
+  tcache_push(FM_CLASS_UNIT, tc->top[FM_CLASS_UNIT], p, fm_mark);
 }
 
 /* What a bin's slow paths saw since the last idle sweep. */
@@ -547,10 +556,8 @@ static void free_slow(void *p, unsigned cls) {
     if (p) os_fatal("free(): invalid pointer", p);
     return;
   }
-  if (cls == FM_CLASS_SPAN_LARGE) {
-    if (!tcache_keep_unit_block(&fm_tc, p)) arena_free_span_large(p);
-    return;
-  }
+  if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
+  if (cls == FM_CLASS_UNIT) return free_unit_slow(p);
   if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();

@@ -47,12 +47,12 @@ typedef struct fm_tcache {
                                 so no slot above it was touched */
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
-  /* Freed large blocks of one unit (32-64 KiB), kept for the thread's next malloc of that
-   * size: in the arena, each such malloc and free took about 280 instructions (the lock,
-   * the span lists, the purge tick's clock). The newest on top. */
-  uint8_t unit_count;
-  bool units_used;           /* one was kept or taken since the last idle sweep */
-  void *unit_blocks[FM_TCACHE_UNIT_BLOCKS];
+  /* The slots of bin FM_CLASS_UNIT: freed large blocks of one unit (32-64 KiB), for the
+   * thread's next malloc of that size. In the arena, each such malloc and free took about
+   * 280 instructions (the lock, the span lists, the purge tick's clock); through the bin,
+   * free is the fast path's push. The bin never grows. */
+  void *unit_slots[FM_TCACHE_UNIT_BLOCKS];
+  bool units_used;           /* one was taken, or freed on a slow path, since the last sweep */
   /* The list of live threads' caches (under tcache.c's pool_lock), which a free of a
    * marked block searches for a double free from another thread. */
   struct fm_tcache *live_next, *live_prev;
@@ -142,8 +142,7 @@ static inline bool tcache_block_is_free(void *p, unsigned cls) {
 bool fm_init(void);
 /* The calling thread's arena, for paths that bypass the cache. */
 fm_arena *tcache_arena(void);
-/* The newest one-unit large block this thread kept (unit_count > 0), live again, for a
- * malloc of 32-64 KiB. */
+/* The newest block of bin FM_CLASS_UNIT (not empty), for a malloc of 32-64 KiB. */
 void *tcache_take_unit_block(void);
 /* Flushes the calling thread's cache and purges every arena: malloc_trim(0). */
 size_t tcache_trim(void);

@@ -110,6 +110,15 @@ static void free_interior(void *arg) {
   malloc_trim(0);
 }
 
+/* A pointer into a one-unit large block, freed: the next malloc of that size, which would
+ * hand it out over the next unit, catches it first. */
+static void free_unit_interior(void *arg) {
+  char *p = malloc(40000);
+  free(fmt_launder(p + 4096));
+  char *q = malloc(40000);
+  memset(fmt_launder(q), 1, 40000);
+}
+
 /* A write after the first free erased the mark that free checks: the span's bitmap still
  * catches the second free when the blocks go back. */
 static void double_free_after_write(void *arg) {
@@ -252,8 +261,8 @@ static void test_double_free(void **state) {
   }
 }
 
-/* 40000 bytes: a one-unit large block, which the first free's thread keeps in its cache,
- * marked free in its span, so the other thread's free is caught there. (A larger span's
+/* 40000 bytes: a one-unit large block, which the first free's thread keeps in its cache
+ * like a small one, so the other thread's free is caught there. (A larger span's
  * block goes back to the arena, whose next span, for the new thread's own blocks, may take
  * its units: then the second free is of a live block, as it can be with any allocator.) */
 static void test_double_free_across_threads(void **state) {
@@ -268,6 +277,8 @@ static void test_double_free_across_threads(void **state) {
 
 static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
+  expect_report(free_unit_interior, NULL, "free of a pointer inside a one-unit block",
+                "free(): invalid pointer");
   expect_abort(double_free_after_write, NULL, "double free after a write");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
   expect_report(free_misaligned_slow_path, NULL, "misaligned free on the slow path",
@@ -279,9 +290,10 @@ static void test_bad_blocks_given_back(void **state) {
 static void test_interior_pointers_measured(void **state) {
   expect_report(realloc_freed_mapped, NULL, "realloc of a freed mapped block",
                 "realloc(): invalid pointer");
-  /* Small blocks by the mark, so not in a build without it; large ones always. */
+  /* Blocks a thread cache may hold (small ones, and large ones of one unit: 40000) by the
+   * mark, so not in a build without it; other large ones always. */
   const size_t freed_sizes[] = {100, 5000, 40000, 500000};
-  for (unsigned i = FM_FREE_MARK ? 0 : 2; i < sizeof freed_sizes / sizeof freed_sizes[0]; i++) {
+  for (unsigned i = FM_FREE_MARK ? 0 : 3; i < sizeof freed_sizes / sizeof freed_sizes[0]; i++) {
     expect_report(realloc_freed, (void *)(uintptr_t)freed_sizes[i], "realloc of a freed block",
                   "realloc(): invalid pointer");
     expect_report(usable_size_freed, (void *)(uintptr_t)freed_sizes[i],
