@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (Debian packages, when root and missing),
 # builds fastmalloc in Release with its tests, and runs them all with ctest; then the same for
-# the build without the double-free mark (-DFM_FREE_MARK=OFF), in <build-dir>-no-mark, and
-# for the Debug build, whose assertions check the allocator's invariants, in <build-dir>-debug.
+# the build without the double-free mark (-DFM_FREE_MARK=OFF), in <build-dir>-no-mark, for
+# the Debug build, whose assertions check the allocator's invariants, in <build-dir>-debug,
+# and for that build under UndefinedBehaviorSanitizer (-DFM_UBSAN=ON: a failed check traps,
+# no sanitizer runtime), in <build-dir>-ubsan.
 # Usage: tests/run-tests.sh [build-dir]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,3 +45,8 @@ cmake -S . -B "$build-debug" -DCMAKE_BUILD_TYPE=Debug -DFASTMALLOC_BUILD_TESTS=O
   -DFASTMALLOC_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build-debug" -j"$(nproc)"
 ctest --test-dir "$build-debug" --output-on-failure --no-tests=error -j2
+
+cmake -S . -B "$build-ubsan" -DCMAKE_BUILD_TYPE=Debug -DFASTMALLOC_BUILD_TESTS=ON \
+  -DFASTMALLOC_BUILD_BENCH=OFF -DFM_UBSAN=ON >/dev/null
+cmake --build "$build-ubsan" -j"$(nproc)"
+ctest --test-dir "$build-ubsan" --output-on-failure --no-tests=error -j2
