@@ -468,19 +468,6 @@ void arena_free_span_large(void *p) {
   arena_unlock_after_free(arena, threaded);
 }
 
-bool arena_mark_unit_block_kept(void *p, bool kept) {
-  fm_span *span = span_of(p);
-  fm_arena *arena = span->arena;
-  bool threaded = fm_threaded();
-  fm_lock(&arena->lock, threaded);
-  bool marked = !kept || (p == span->start && span->used == 1 &&
-                          span->cls == FM_CLASS_SPAN_LARGE && span->units == 1);
-  fm_assert(kept || (p == span->start && span->used == 0 && span->cls == FM_CLASS_SPAN_LARGE));
-  if (marked) span->used = !kept;
-  fm_unlock(&arena->lock, threaded);
-  return marked;
-}
-
 size_t arena_block_usable_size(const void *p, unsigned cls) {
   const fm_span *span = span_of(p);
   uint32_t index;

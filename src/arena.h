@@ -42,19 +42,14 @@ void arena_free_blocks(void **blocks, size_t n);
  * *zeroed says it reads zero (its units were never used, or purged since). */
 void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed);
 void arena_free_span_large(void *p);
-/* A thread cache keeps a few freed one-unit large blocks (32-64 KiB) for its thread's next
- * such malloc, their spans off the arena's lists. Kept (kept: true), the block is marked
- * free, so that a second free from any thread is still caught; that is refused (false) for
- * anything but a live one-unit large block. Taken back (false), it is live again. */
-bool arena_mark_unit_block_kept(void *p, bool kept);
 /* Resizes live large block p (a whole span) in place to hold size bytes: into the free
  * units that follow it, or by giving back its last units; false when it cannot grow
  * there (or would pass the span-large limit). */
 bool arena_resize_span_large(void *p, size_t size);
 /* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class,
  * FM_CLASS_SPAN_LARGE or FM_CLASS_UNIT); 0 when p starts no block there (an interior
- * pointer, say). Takes no
- * lock: it reads what does not change while the block is allocated. */
+ * pointer, say). Takes no lock: it reads what does not change while the block is
+ * allocated. */
 size_t arena_block_usable_size(const void *p, unsigned cls);
 
 /* True when block p of a chunk span (a small class, or a large block of one unit) is free

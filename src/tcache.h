@@ -25,7 +25,7 @@ enum { FM_TCACHE_BOOT, FM_TCACHE_LIVE, FM_TCACHE_DEAD };
  * larger ones take one call more. The copy stops here to keep the cache small (about
  * 1.4 KiB of TLS): a dlopen'ed copy of the library then fits in glibc's spare static TLS. */
 #define FM_TABLED_MAX 1024u
-#define FM_TCACHE_UNIT_BLOCKS 4   /* freed one-unit large blocks a thread keeps */
+#define FM_TCACHE_UNIT_BLOCKS 4   /* the bin of one-unit large blocks: its fixed limit */
 
 typedef struct fm_tcache {
   /* Bin cls holds the blocks at low[cls] .. top[cls] - 1, the newest on top, and has room
