@@ -471,7 +471,7 @@ void arena_free_span_large(void *p) {
 size_t arena_block_usable_size(const void *p, unsigned cls) {
   const fm_span *span = span_of(p);
   uint32_t index;
-  if (cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_UNIT)
+  if (fm_class_is_span_large(cls))
     return span->cls == FM_CLASS_SPAN_LARGE && p == span->start && span->used ? span_bytes(span) : 0;
   if (span->cls != cls) return 0;
   return span_block_at(span, p, &index) ? fm_class_size[cls] : 0;

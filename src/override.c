@@ -66,8 +66,8 @@ static void *large_block(size_t size, size_t align, large_use use) {
  * table, or a large block. */
 void *fm_malloc_untabled(size_t size) {
   if (size > FM_SMALL_MAX) {
-    if (size <= FM_UNIT_SIZE && fm_tc.top[FM_CLASS_UNIT] != fm_tc.low[FM_CLASS_UNIT])
-      return tcache_take_unit_block();
+    void **top = fm_tc.top[FM_CLASS_UNIT];
+    if (size <= FM_UNIT_SIZE && top != fm_tc.low[FM_CLASS_UNIT]) return tcache_take_unit_block(top);
     return large_block(size, 0, LARGE_PLAIN);
   }
   return tcache_malloc_class(fm_size_class(size), size, true);
@@ -120,8 +120,7 @@ fm_api void *realloc(void *p, size_t size) {
   bool grows = size > old;
   /* A large block in a span gives back its last units, or grows into free units that
    * follow it, without a copy (beyond REALLOC_MAPPED_MIN, a mapping serves growth better). */
-  if ((cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_UNIT) && size > FM_SMALL_MAX &&
-      (!grows || size < REALLOC_MAPPED_MIN) &&
+  if (fm_class_is_span_large(cls) && size > FM_SMALL_MAX && (!grows || size < REALLOC_MAPPED_MIN) &&
       arena_resize_span_large(p, size))
     return p;
   int saved = grows ? 0 : errno;   /* (read only where it is put back) */

@@ -23,6 +23,11 @@
                                                           of one unit */
 #define FM_BINS (FM_NUM_SPAN_CLASSES + 4)              /* tcache bins, markers included */
 
+/* Whether unit-map class cls marks a large block that is a whole chunk span. */
+static inline bool fm_class_is_span_large(unsigned cls) {
+  return cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_UNIT;
+}
+
 /* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */
 extern fm_hidden uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];

@@ -171,8 +171,10 @@ static void cache_leave(fm_tcache *tc) {
 static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
   void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
-  fm_assert(low == top || cls == FM_CLASS_UNIT ||
-            (low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *)));
+  fm_assert(low == top ||
+            (cls == FM_CLASS_UNIT ? low == tc->unit_slots && top <= low + FM_TCACHE_UNIT_BLOCKS
+                                  : low >= tc->slots &&
+                                        top <= tc->slots + slots_bytes / sizeof(void *)));
   for (void **b = low; b < top; b++)
     if (__atomic_load_n(b, __ATOMIC_RELAXED) == p) return true;
   return false;
@@ -320,6 +322,10 @@ static void tcache_set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   tc->high[cls] = tc->low[cls] + limit;
 }
 
+/* What a bin's slow paths saw since the last idle sweep (the one-unit bin: a malloc it
+ * served, a free that reached free_unit_slow). */
+enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2 };
+
 /* Gives the blocks of bin FM_CLASS_UNIT back to their arenas. */
 static void tcache_flush_unit_blocks(fm_tcache *tc) {
   void **low = tc->low[FM_CLASS_UNIT];
@@ -328,10 +334,9 @@ static void tcache_flush_unit_blocks(fm_tcache *tc) {
   for (int32_t i = 0; i < count; i++) arena_free_span_large(low[i]);
 }
 
-void *tcache_take_unit_block(void) {
+void *tcache_take_unit_block(void **top) {
   fm_tcache *tc = &fm_tc;
-  void **top = tc->top[FM_CLASS_UNIT];
-  fm_assert(top != tc->low[FM_CLASS_UNIT]);
+  fm_assert(top == tc->top[FM_CLASS_UNIT] && top != tc->low[FM_CLASS_UNIT]);
   /* The free fast path took it unchecked. Anything but the start of a live one-unit span
    * (a pointer into one, or a block that went back to its arena since) would be handed out
    * over memory that is not its own. */
@@ -339,7 +344,7 @@ void *tcache_take_unit_block(void) {
   const fm_span *span = span_of(p);
   if (fm_unlikely(p != span->start || span->used != 1 || span->units != 1))
     os_fatal("free(): invalid pointer", p);
-  tc->units_used = true;
+  tc->activity[FM_CLASS_UNIT] |= BIN_REFILLED;
   return tcache_pop(FM_CLASS_UNIT, top);
 }
 
@@ -349,13 +354,10 @@ static void free_unit_slow(void *p) {
   if ((uintptr_t)p & (FM_UNIT_SIZE - 1)) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
   if (tcache_block_is_free(p, FM_CLASS_UNIT)) os_fatal("free(): double free detected", p);
-  tc->units_used = true;
+  tc->activity[FM_CLASS_UNIT] |= BIN_OVERFLOWED;
   if (tc->top[FM_CLASS_UNIT] == tc->high[FM_CLASS_UNIT]) return arena_free_span_large(p);
   tcache_push(FM_CLASS_UNIT, tc->top[FM_CLASS_UNIT], p, fm_mark);
 }
-
-/* What a bin's slow paths saw since the last idle sweep. */
-enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2 };
 
 /* Every few hundred misses, bins that neither missed nor overflowed since the last sweep
  * give back half their blocks and half their limit: a quiet thread holds little memory,
@@ -373,8 +375,8 @@ static void tcache_idle_sweep(fm_tcache *tc) {
     }
     tc->activity[cls] = 0;
   }
-  if (!tc->units_used) tcache_flush_unit_blocks(tc);
-  tc->units_used = false;
+  if (!tc->activity[FM_CLASS_UNIT]) tcache_flush_unit_blocks(tc);
+  tc->activity[FM_CLASS_UNIT] = 0;
 }
 
 /* Doubles the bin's limit while under its maximum, the thread's byte budget and the

@@ -52,7 +52,6 @@ typedef struct fm_tcache {
    * 280 instructions (the lock, the span lists, the purge tick's clock); through the bin,
    * free is the fast path's push. The bin never grows. */
   void *unit_slots[FM_TCACHE_UNIT_BLOCKS];
-  bool units_used;           /* one was taken, or freed on a slow path, since the last sweep */
   /* The list of live threads' caches (under tcache.c's pool_lock), which a free of a
    * marked block searches for a double free from another thread. */
   struct fm_tcache *live_next, *live_prev;
@@ -142,8 +141,9 @@ static inline bool tcache_block_is_free(void *p, unsigned cls) {
 bool fm_init(void);
 /* The calling thread's arena, for paths that bypass the cache. */
 fm_arena *tcache_arena(void);
-/* The newest block of bin FM_CLASS_UNIT (not empty), for a malloc of 32-64 KiB. */
-void *tcache_take_unit_block(void);
+/* The newest block of bin FM_CLASS_UNIT, whose top (already loaded) is above its low end,
+ * for a malloc of 32-64 KiB. */
+void *tcache_take_unit_block(void **top);
 /* Flushes the calling thread's cache and purges every arena: malloc_trim(0). */
 size_t tcache_trim(void);
 /* Out of memory: flushes the calling thread's cache and unmaps every empty chunk, chunk
