@@ -359,12 +359,17 @@ static void free_unit_slow(void *p) {
   tcache_push(FM_CLASS_UNIT, tc->top[FM_CLASS_UNIT], p, fm_mark);
 }
 
-/* Every few hundred misses, bins that neither missed nor overflowed since the last sweep
+/* Every few hundred misses, and at the first miss after each purge tick of the thread's
+ * arena (one a purge delay), bins that neither missed nor overflowed since the last sweep
  * give back half their blocks and half their limit: a quiet thread holds little memory,
- * while a thread that only frees for a while keeps the bins it frees into. */
+ * while a thread that only frees for a while keeps the bins it frees into. The ticks bound
+ * the time, not just the misses, it takes a thread that goes on missing seldom to let go
+ * of a heap it freed: its cache's blocks pin the spans they lie in, so their pages too. */
 static void tcache_idle_sweep(fm_tcache *tc) {
-  if (++tc->misses < 256) return;
+  uint32_t epoch = (uint32_t)__atomic_load_n(&tc->arena->purge_epoch, __ATOMIC_RELAXED);
+  if (++tc->misses < 256 && epoch == tc->sweep_epoch) return;
   tc->misses = 0;
+  tc->sweep_epoch = epoch;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t limit = bin_limit(tc, cls);
     if (!tc->activity[cls]) {

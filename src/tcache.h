@@ -47,6 +47,7 @@ typedef struct fm_tcache {
                                 so no slot above it was touched */
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
+  uint32_t sweep_epoch;      /* the arena's purge tick count at the last idle sweep */
   /* The slots of bin FM_CLASS_UNIT: freed large blocks of one unit (32-64 KiB), for the
    * thread's next malloc of that size. In the arena, each such malloc and free took about
    * 280 instructions (the lock, the span lists, the purge tick's clock); through the bin,
