@@ -242,7 +242,8 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
  * visits the arenas that nobody frees into any more (a finished thread's), unless busy. */
 static void arena_tick(fm_arena *arena, uint64_t now) {
   arena->next_purge_ns = now + fm_options.purge_delay_ns;
-  __atomic_store_n(&arena->purge_epoch, arena->purge_epoch + 1, __ATOMIC_RELAXED);   /* idle sweeps read it */
+  /* (threads' idle sweeps read it without the lock) */
+  __atomic_store_n(&arena->purge_epoch, arena->purge_epoch + 1, __ATOMIC_RELAXED);
   arena_purge(arena, FM_PURGE_STALE);
 }
 
