@@ -619,18 +619,41 @@ static void *run_copy(void *arg)
 static void usage(const char *prog)
 {
     fprintf(stderr,
-            "usage: %s NAME [--parallel[=N]] [--scale K]\n"
+            "usage: %s NAME [--parallel[=N]] [--scale K] [--linger MS]\n"
             "       %s --list\n"
             "  --parallel[=N]  run N copies at once, one per thread (default N: online CPUs)\n"
-            "  --scale K       multiply the work by K (default 1, the quick size)\n",
+            "  --scale K       multiply the work by K (default 1, the quick size)\n"
+            "  --linger MS     after the workload, go on allocating a little for MS milliseconds\n"
+            "                  (untimed), then report the RSS (rss_linger_kib)\n",
             prog, prog);
     exit(2);
+}
+
+/* A program that freed its heap and goes on working a little: every 10 ms, 256 blocks of
+ * 48 bytes malloc'ed, written and freed, for ms milliseconds. What memory the allocator
+ * gives back meanwhile without malloc_trim shows in the RSS after. */
+static void linger(long ms)
+{
+    void *p[256];
+    uint64_t end = bench_now_ns() + (uint64_t)ms * 1000000;
+    while (bench_now_ns() < end) {
+        usleep(10 * 1000);
+        for (int i = 0; i < 256; i++) {
+            p[i] = malloc(48);
+            if (!p[i])
+                exit(1);
+            memset(p[i], i, 48);
+        }
+        for (int i = 0; i < 256; i++)
+            free(p[i]);
+    }
 }
 
 int main(int argc, char **argv)
 {
     int copies = 1;
     double scale = 1;
+    long linger_ms = -1;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         char *end;
@@ -643,6 +666,10 @@ int main(int argc, char **argv)
         } else if (strncmp(arg, "--parallel=", 11) == 0) {
             copies = (int)strtol(arg + 11, &end, 10);
             if (*end || copies < 1 || copies > 256)
+                usage(argv[0]);
+        } else if (strcmp(arg, "--linger") == 0 && i + 1 < argc) {
+            linger_ms = strtol(argv[++i], &end, 10);
+            if (*end || linger_ms < 0 || linger_ms > 60000)
                 usage(argv[0]);
         } else if (strcmp(arg, "--scale") == 0 && i + 1 < argc) {
             scale = strtod(argv[++i], &end);
@@ -687,7 +714,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < copies; i++)
         ops += ctx[i].ops;
     free(ctx);
-    long rss_end = bench_rss_kib();
+    long rss_end = bench_rss_kib(), rss_linger = -1;
+    if (linger_ms >= 0) {
+        linger(linger_ms);
+        rss_linger = bench_rss_kib();
+    }
     malloc_trim(0);
     long rss_trim = bench_rss_kib();
 
@@ -697,6 +728,8 @@ int main(int argc, char **argv)
            rss_start, rss_end, rss_trim);
     if (rss_after_one_thread >= 0)
         printf(", \"rss_one_thread_kib\": %ld", rss_after_one_thread);
+    if (rss_linger >= 0)
+        printf(", \"rss_linger_kib\": %ld", rss_linger);
     printf("}\n");
     return 0;
 }

@@ -25,6 +25,9 @@ NO_MARK = "fastmalloc-no-mark"        # variant built with -DFM_FREE_MARK=OFF
 VARIANTS = (NO_ST_FLAG, NO_MARK)      # builds measured for their own tables, not as candidates
 SCENARIOS = (("st", "main_arena_st"), ("thr", "thread_arena_"), ("mt", "main_arena_mt"))
 COUNTS = (25, 100, 400, 1600)
+# The workload that, run alone, then goes on allocating a little for LINGER_MS without
+# malloc_trim: what a freed heap's memory does meanwhile (the footprint issue's "1 s later").
+LINGER_JOB, LINGER_MS = "fragment-mix", 1000
 MODES = {
     # simple sizes, thread counts (None: 1, 2, 4 ... up to every CPU), thread duration (s),
     # workload scale, workloads one copy / one copy per CPU (--parallel), rounds, timeout (s)
@@ -143,7 +146,9 @@ def make_jobs(bindir, mode, allocs):
              subprocess.run([workload, "--list"], capture_output=True, text=True, check=True).stdout.splitlines()]
     if m["single"]:
         for name in names:
-            jobs.append(Job(name, "workload", [workload, name, "--scale", str(m["scale"])], main_allocs))
+            linger = ["--linger", str(LINGER_MS)] if name == LINGER_JOB else []
+            jobs.append(Job(name, "workload", [workload, name, "--scale", str(m["scale"])] + linger,
+                            main_allocs))
     if m["parallel"]:
         for name in names:
             jobs.append(Job(f"{name}-par", "workload-par",
@@ -167,6 +172,8 @@ def parse_output(job, stdout):
            ("rss_trim", "KiB", float(d["rss_trim_kib"]))]
     if "rss_one_thread_kib" in d:
         out.append(("rss_one_thread", "KiB", float(d["rss_one_thread_kib"])))
+    if "rss_linger_kib" in d:
+        out.append(("rss_linger", "KiB", float(d["rss_linger_kib"])))
     return out
 
 
@@ -542,6 +549,18 @@ def threads_table(res, names):
                      "many-threads peak RSS"], out)
 
 
+def linger_table(res, names):
+    out = []
+    for a in names:
+        start, peak, end, linger, trim = (res.median(LINGER_JOB, m, a) for m in
+                                          ("rss_start", "peak_rss", "rss_end", "rss_linger", "rss_trim"))
+        held = f"{(linger - start) / peak:.2f}" if None not in (start, peak, linger) else "—"
+        out.append([a, fmt_value(start, "KiB"), fmt_value(peak, "KiB"), fmt_value(end, "KiB"),
+                    fmt_value(linger, "KiB"), fmt_value(trim, "KiB"), held])
+    return md_table(["allocator", "start", "peak", "after the frees", f"{LINGER_MS / 1000:g} s later",
+                     "after malloc_trim(0)", "held (later - start) ÷ peak"], out)
+
+
 # ---------------------------------------------------------------- files and charts
 
 def write_files(res, jobs, rundir):
@@ -702,6 +721,12 @@ def main():
                    "12 cells), each over the best peer's in that figure.", ""]
     if any(j.key == "thread-churn" for j in jobs):
         report += ["## Threads: RSS, MiB", "", threads_table(res, names), ""]
+    if any(j.key == LINGER_JOB for j in jobs):
+        report += [f"## A freed heap, without malloc_trim: RSS, MiB ({LINGER_JOB})", "",
+                   linger_table(res, names), "",
+                   f"{LINGER_JOB} frees everything it allocated; then the program goes on for "
+                   f"{LINGER_MS / 1000:g} s, mallocing, writing and freeing 256 blocks of 48 bytes every "
+                   "10 ms, and reads its RSS; malloc_trim(0) comes after.", ""]
     if a.instructions and os.path.exists(a.instructions):
         with open(a.instructions) as f:
             report += ["## Fast path", "", f.read().strip(), ""]
