@@ -169,10 +169,15 @@ static void cache_leave(fm_tcache *tc) {
 }
 
 /* Whether bin cls of cache tc holds p. The bin may be another thread's, changing under us
- * (see other_cache_holds): its bounds and slots are read once each, relaxed. */
+ * (see other_cache_holds): its range is read as one pair, each slot once. */
 static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
-  void **low = __atomic_load_n(&tc->low[cls], __ATOMIC_RELAXED);
-  void **top = __atomic_load_n(&tc->top[cls], __ATOMIC_RELAXED);
+  void **low, **top;
+  /* low read again after top: a bin moving up (bin_widen) between the two reads would give
+   * its old low with its new top, a range over slots it left stale (blocks handed out). */
+  do {
+    low = __atomic_load_n(&tc->low[cls], __ATOMIC_ACQUIRE);
+    top = __atomic_load_n(&tc->top[cls], __ATOMIC_ACQUIRE);
+  } while (low != __atomic_load_n(&tc->low[cls], __ATOMIC_ACQUIRE));
   fm_assert(low == top ||
             (cls == FM_CLASS_UNIT ? low == tc->unit_slots && top <= low + FM_TCACHE_UNIT_BLOCKS
                                   : low >= tc->slots &&
@@ -183,9 +188,9 @@ static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
 }
 
 /* Whether another live thread's bin cls holds p. Those bins change under us (pops, pushes,
- * moves to a wider layout), so tcache_bin_holds reads each bound and slot once: a range read
- * across a move still lies in that thread's bins' array, which stays mapped while the
- * thread is listed. What keeps a live block from being found: a bin's range [low, top)
+ * moves to a wider layout), so tcache_bin_holds reads a bin's range as one pair and each
+ * slot once: a range read across a move still lies in that thread's bins' array, which
+ * stays mapped while the thread is listed. What keeps a live block from being found: a bin's range [low, top)
  * takes a block only once its slot is written (tcache_push), and gives it up before the
  * block goes back to its span (tcache_flush_oldest, bin_move_all, tcache_flush_all) or
  * to the program (tcache_pop); a move brings a bin's blocks into the old range of a bin
@@ -255,8 +260,9 @@ static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
     int32_t count = bin_count(tc, c);
     void **low = tc->low[c] + delta;
     if (count) memmove(low, tc->low[c], (size_t)count * sizeof(void *));
-    tc->low[c] = low;
-    tc->top[c] = low + count;
+    /* low before top, both after the blocks moved (see tcache_bin_holds) */
+    __atomic_store_n(&tc->low[c], low, __ATOMIC_RELEASE);
+    bin_set_top(tc, c, low + count);
     tc->high[c] += delta;
   }
   tc->layout_end += delta;
