@@ -42,6 +42,20 @@ void arena_init_all(void) {
     *(list) = (node);                         \
   } while (0)
 
+/* Inserts node where the list, kept in address order, has room for it. */
+#define LIST_INSERT_BY_ADDRESS(list, node)                    \
+  do {                                                        \
+    __typeof__(node) *link_ = (list), before_ = NULL;         \
+    while (*link_ && *link_ < (node)) {                       \
+      before_ = *link_;                                       \
+      link_ = &before_->next;                                 \
+    }                                                         \
+    (node)->prev = before_;                                   \
+    (node)->next = *link_;                                    \
+    if (*link_) (*link_)->prev = (node);                      \
+    *link_ = (node);                                          \
+  } while (0)
+
 #define LIST_REMOVE(list, node)                              \
   do {                                                       \
     if ((node)->prev) (node)->prev->next = (node)->next;     \
@@ -61,11 +75,11 @@ static void partial_remove(fm_arena *arena, fm_span *span) {
   span->listed = 0;
 }
 
-/* The empty spans an arena keeps a while, per class: pushed in the purge epoch they
- * emptied in, so a purge tick can tell how long they have waited. */
+/* The empty spans an arena keeps a while, per class, in address order: pushed in the
+ * purge epoch they emptied in, so a purge tick can tell how long they have waited. */
 static void kept_push(fm_arena *arena, fm_span *span) {
   span->empty_since = arena->purge_epoch;
-  LIST_PUSH(&arena->empty[span->cls], span);
+  LIST_INSERT_BY_ADDRESS(&arena->empty[span->cls], span);
   arena->empty_count[span->cls]++;
 }
 
@@ -74,36 +88,51 @@ static void kept_remove(fm_arena *arena, fm_span *span) {
   arena->empty_count[span->cls]--;
 }
 
-/* A kept span of class cls and `units` units, off its list; NULL when there is none. */
-static fm_span *kept_take(fm_arena *arena, unsigned cls, unsigned units) {
+/* The lowest kept span of class cls and `units` units; NULL when there is none. */
+static fm_span *kept_lowest(fm_arena *arena, unsigned cls, unsigned units) {
   fm_span *span = arena->empty[cls];
   while (span && span->units != units) span = span->next;
+  return span;
+}
+
+/* The same, off its list. */
+static fm_span *kept_take(fm_arena *arena, unsigned cls, unsigned units) {
+  fm_span *span = kept_lowest(arena, cls, units);
   if (span) kept_remove(arena, span);
   return span;
 }
 
 /* Moves a chunk whose units were taken or given back to the list it now belongs on: a
  * chunk without a free unit waits on the full list, so searches never walk the (many)
- * full chunks of a big heap. */
+ * full chunks of a big heap. The others are in address order: new spans take the lowest
+ * room, so a heap that shrank gathers in its lowest chunks and the rest drain. */
 static void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full) {
   bool full = !chunk->free_units;
   if (full == was_full) return;
   if (full) {
     LIST_REMOVE(&arena->chunks, chunk);
     LIST_PUSH(&arena->full_chunks, chunk);
+    chunk->sparse_ticks = 0;   /* (the full list's chunks see no tick) */
   } else {
     LIST_REMOVE(&arena->full_chunks, chunk);
-    LIST_PUSH(&arena->chunks, chunk);
+    LIST_INSERT_BY_ADDRESS(&arena->chunks, chunk);
   }
 }
 
-/* A span of `units` units from a chunk with room. */
+/* A span of `units` units from chunk, which goes to the full list if it has no free unit
+ * left; NULL when it has no room. */
+static fm_span *arena_take_span_in(fm_arena *arena, fm_chunk *chunk, unsigned units, unsigned cls,
+                                   bool resident_only) {
+  fm_span *span = chunk_take_span(chunk, units, cls, resident_only);
+  if (span) arena_relist_chunk(arena, chunk, false);
+  return span;
+}
+
+/* A span of `units` units from the lowest chunk with room. */
 static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, bool resident_only) {
   for (fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next) {
-    fm_span *span = chunk_take_span(chunk, units, cls, resident_only);
-    if (!span) continue;
-    arena_relist_chunk(arena, chunk, false);
-    return span;
+    fm_span *span = arena_take_span_in(arena, chunk, units, cls, resident_only);
+    if (span) return span;
   }
   return NULL;
 }
@@ -116,16 +145,20 @@ static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
 }
 
 /* Gives one kept span back to its chunk, still resident, so a new span can take its
- * memory: one of at least `units` units if any, else any; false when none is kept. */
+ * memory: the lowest of at least `units` units if any, else the lowest; false when none
+ * is kept. */
 static bool arena_drop_kept_span(fm_arena *arena, unsigned units) {
   for (unsigned need = units;; need = 1) {
+    fm_span *lowest = NULL;
     for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
-      for (fm_span *span = arena->empty[c]; span; span = span->next) {
-        if (span->units < need) continue;
-        kept_remove(arena, span);
-        arena_give_back_span(arena, span, false);
-        return true;
-      }
+      fm_span *span = arena->empty[c];
+      while (span && span->units < need) span = span->next;
+      if (span && (!lowest || span < lowest)) lowest = span;
+    }
+    if (lowest) {
+      kept_remove(arena, lowest);
+      arena_give_back_span(arena, lowest, false);
+      return true;
     }
     if (need == 1) return false;
   }
@@ -174,18 +207,32 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   if (span) return span;
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
-  LIST_PUSH(&arena->chunks, chunk);
+  LIST_INSERT_BY_ADDRESS(&arena->chunks, chunk);
   return arena_find_span(arena, units, cls, false);
 }
 
+/* Whether a kept span should leave its chunk for a lower one with room: only from a chunk
+ * that has been mostly free for a whole purge delay. So a heap that shrank gathers in its
+ * lowest chunks while its spans cycle, and the others drain; a heap freed and built
+ * again at once (or in use) keeps its resident spans. */
+static bool kept_span_moves_down(fm_arena *arena, fm_span *kept) {
+  fm_chunk *chunk = chunk_of(kept), *lowest = arena->chunks;
+  return lowest && lowest < chunk && chunk->sparse_ticks == 2 && chunk_mostly_free(chunk);
+}
+
+/* A kept span, or one in the lowest chunk with room when the kept one moves down (it
+ * then waits for its purge). */
 static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
-  fm_span *span = kept_take(arena, cls, span_units[cls]);
-  if (span) {
-    span->scan = 0;   /* every bit is already set */
-  } else {
-    span = arena_take_span(arena, span_units[cls], cls);
-    if (!span) return NULL;
+  unsigned units = span_units[cls];
+  fm_span *kept = kept_lowest(arena, cls, units), *span = NULL;
+  if (kept && kept_span_moves_down(arena, kept))
+    span = arena_take_span_in(arena, arena->chunks, units, cls, false);
+  if (!span && kept) {
+    kept_remove(arena, kept);
+    kept->scan = 0;   /* every bit is already set */
+    span = kept;
   }
+  if (!span && !(span = arena_take_span(arena, units, cls))) return NULL;
   partial_push(arena, span);
   return span;
 }
@@ -274,18 +321,25 @@ static void arena_unlock_after_free(fm_arena *arena, bool threaded) {
 
 /* An empty span stays with its class for a purge tick (up to 4 MiB a class, 16 spans of
  * large blocks), so a class whose spans keep emptying and refilling does not churn
- * through its chunk; then it is purged at once, having aged already. */
+ * through its chunk; then it is purged at once, having aged already. When the class keeps
+ * its most, the highest of them and this one goes back to its chunk. */
 static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   unsigned cls = span->cls;
   if (span->listed) partial_remove(arena, span);
   bool keep = cls == FM_CLASS_SPAN_LARGE
                   ? arena->empty_count[cls] < 16
                   : (size_t)arena->empty_count[cls] * span_bytes(span) < ((size_t)4 << 20);
-  if (keep) {
-    kept_push(arena, span);
-    return;
+  if (!keep) {
+    fm_span *highest = arena->empty[cls];
+    while (highest && highest->next) highest = highest->next;
+    if (!highest || highest < span) {
+      arena_give_back_span(arena, span, false);
+      return;
+    }
+    kept_remove(arena, highest);
+    arena_give_back_span(arena, highest, false);
   }
-  arena_give_back_span(arena, span, false);
+  kept_push(arena, span);
 }
 
 /* Whether a block starts at offset in a span of `size`-byte blocks (magic: the span's

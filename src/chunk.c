@@ -190,6 +190,7 @@ fm_chunk *chunk_init(void *memory, struct fm_arena *arena) {
   chunk->free_units = FM_CHUNK_ALL_UNITS;
   chunk->dirty_units = 0;
   chunk->stale_units = 0;
+  chunk->sparse_ticks = 0;
   return chunk;
 }
 
@@ -329,5 +330,6 @@ size_t chunk_purge(fm_chunk *chunk, bool force) {
   }
   chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units) | refused;
   chunk->stale_units = chunk->dirty_units & chunk->free_units;
+  if (!force) chunk->sparse_ticks = chunk_mostly_free(chunk) ? (chunk->sparse_ticks ? 2 : 1) : 0;
   return purged;
 }

@@ -40,6 +40,7 @@ typedef struct fm_chunk {
   uint64_t free_units;     /* bit u: unit u belongs to no span */
   uint64_t dirty_units;    /* bit u: a free unit whose pages may still be resident */
   uint64_t stale_units;    /* dirty units that were already free at the last purge tick */
+  uint8_t sparse_ticks;    /* purge ticks in a row (up to 2) that found most units free */
   uint8_t head_of[FM_UNITS_PER_CHUNK];   /* unit -> first unit of its span */
   fm_span spans[FM_UNITS_PER_CHUNK];     /* valid at each span's first unit */
   uint64_t free_bits[FM_UNITS_PER_CHUNK][FM_SPAN_BITMAP_WORDS];  /* bit i: block i is free */
@@ -89,6 +90,11 @@ static inline uint64_t *span_free_bits(fm_span *span) {
   return chunk->free_bits[span - chunk->spans];
 }
 
+/* Whether most of the chunk's units are free. */
+static inline bool chunk_mostly_free(const fm_chunk *chunk) {
+  return (unsigned)__builtin_popcountll(chunk->free_units) > FM_UNITS_PER_CHUNK / 2;
+}
+
 /* Sets up chunk metadata in fresh, chunk-aligned memory from the OS; NULL on failure. */
 fm_chunk *chunk_init(void *memory, struct fm_arena *arena);
 void chunk_delete(fm_chunk *chunk);
@@ -106,7 +112,8 @@ bool chunk_resize_large_span(fm_span *span, unsigned units);
  * span's by its count of blocks out, a large block's span whole. */
 size_t chunk_used_bytes(const fm_chunk *chunk);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
- * and starts the next generation; returns bytes purged. */
+ * and starts the next generation (a tick's: sparse_ticks too, unless force); returns
+ * bytes purged. */
 size_t chunk_purge(fm_chunk *chunk, bool force);
 
 #endif
