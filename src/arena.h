@@ -12,12 +12,12 @@
 typedef struct fm_arena {
   fm_lock_t lock;
   fm_span *partial[FM_CLASS_SPAN_LARGE + 1];   /* spans with a free block, per class */
-  /* Empty spans kept a while, newest first, per class; FM_CLASS_SPAN_LARGE: freed
+  /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_LARGE: freed
    * large blocks, so a malloc/free loop of them does not churn through the chunks. */
   fm_span *empty[FM_CLASS_SPAN_LARGE + 1];
   uint16_t empty_count[FM_CLASS_SPAN_LARGE + 1];
   char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
-  fm_chunk *chunks;        /* chunks with a free unit */
+  fm_chunk *chunks;        /* chunks with a free unit, in address order */
   fm_chunk *full_chunks;   /* chunks without one: never searched */
   uint64_t next_purge_ns;   /* when the next purge tick is due */
   uint64_t purge_epoch;     /* purge ticks so far */
