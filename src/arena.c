@@ -95,13 +95,6 @@ static fm_span *kept_lowest(fm_arena *arena, unsigned cls, unsigned units) {
   return span;
 }
 
-/* The same, off its list. */
-static fm_span *kept_take(fm_arena *arena, unsigned cls, unsigned units) {
-  fm_span *span = kept_lowest(arena, cls, units);
-  if (span) kept_remove(arena, span);
-  return span;
-}
-
 /* Moves a chunk whose units were taken or given back to the list it now belongs on: a
  * chunk without a free unit waits on the full list, so searches never walk the (many)
  * full chunks of a big heap. The others are in address order: new spans take the lowest
@@ -220,19 +213,22 @@ static bool kept_span_moves_down(fm_arena *arena, fm_span *kept) {
   return lowest && lowest < chunk && chunk->sparse_ticks == 2 && chunk_mostly_free(chunk);
 }
 
-/* A kept span, or one in the lowest chunk with room when the kept one moves down (it
- * then waits for its purge). */
-static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
-  unsigned units = span_units[cls];
+/* A span of class cls and `units` units: a kept one, unless it moves down (then one from
+ * the lowest chunk with room, and the kept one waits for its purge), else a new one. */
+static fm_span *arena_reuse_or_take_span(fm_arena *arena, unsigned cls, unsigned units) {
   fm_span *kept = kept_lowest(arena, cls, units), *span = NULL;
   if (kept && kept_span_moves_down(arena, kept))
     span = arena_take_span_in(arena, arena->chunks, units, cls, false);
-  if (!span && kept) {
-    kept_remove(arena, kept);
-    kept->scan = 0;   /* every bit is already set */
-    span = kept;
-  }
-  if (!span && !(span = arena_take_span(arena, units, cls))) return NULL;
+  if (span) return span;
+  if (!kept) return arena_take_span(arena, units, cls);
+  kept_remove(arena, kept);
+  return kept;
+}
+
+static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
+  fm_span *span = arena_reuse_or_take_span(arena, cls, span_units[cls]);
+  if (!span) return NULL;
+  span->scan = 0;   /* (a kept span's bits are all set: it is empty) */
   partial_push(arena, span);
   return span;
 }
@@ -481,8 +477,7 @@ void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed) {
   if (units > FM_SPAN_LARGE_MAX_UNITS) return NULL;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
-  fm_span *span = kept_take(arena, FM_CLASS_SPAN_LARGE, (unsigned)units);
-  if (!span) span = arena_take_span(arena, (unsigned)units, FM_CLASS_SPAN_LARGE);
+  fm_span *span = arena_reuse_or_take_span(arena, FM_CLASS_SPAN_LARGE, (unsigned)units);
   if (span) {
     *zeroed = span->fresh == 0;   /* (never so for a kept span: it held a block) */
     span->fresh = 1;
