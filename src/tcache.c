@@ -300,11 +300,6 @@ static fm_arena *thread_arena(void) {
   return fm_tc.state == FM_TCACHE_LIVE ? fm_tc.arena : &fm_arenas[0];
 }
 
-fm_arena *tcache_arena(void) {
-  tcache_current();
-  return thread_arena();
-}
-
 /* Gives the n oldest blocks of bin cls back to the arenas; the newest, likely still in
  * the CPU cache, stay for the next mallocs. */
 static void tcache_flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
@@ -342,31 +337,6 @@ static void tcache_flush_unit_blocks(fm_tcache *tc) {
   for (int32_t i = 0; i < count; i++) arena_free_span_large(low[i]);
 }
 
-void *tcache_take_unit_block(void **top) {
-  fm_tcache *tc = &fm_tc;
-  fm_assert(top == tc->top[FM_CLASS_UNIT] && top != tc->low[FM_CLASS_UNIT]);
-  /* The free fast path took it unchecked. Anything but the start of a live one-unit span
-   * (a pointer into one, or a block that went back to its arena since) would be handed out
-   * over memory that is not its own. */
-  void *p = top[-1];
-  const fm_span *span = span_of(p);
-  if (fm_unlikely(p != span->start || span->used != 1 || span->units != 1))
-    os_fatal("free(): invalid pointer", p);
-  tc->activity[FM_CLASS_UNIT] |= BIN_REFILLED;
-  return tcache_pop(FM_CLASS_UNIT, top);
-}
-
-/* free of a one-unit large block off the fast path: its bin is full (or the cache is gone
- * or not set up yet), or the block carries the double-free mark. */
-static void free_unit_slow(void *p) {
-  if ((uintptr_t)p & (FM_UNIT_SIZE - 1)) os_fatal("free(): invalid pointer", p);
-  fm_tcache *tc = tcache_current();
-  if (tcache_block_is_free(p, FM_CLASS_UNIT)) os_fatal("free(): double free detected", p);
-  tc->activity[FM_CLASS_UNIT] |= BIN_OVERFLOWED;
-  if (tc->top[FM_CLASS_UNIT] == tc->high[FM_CLASS_UNIT]) return arena_free_span_large(p);
-  tcache_push(FM_CLASS_UNIT, tc->top[FM_CLASS_UNIT], p, fm_mark);
-}
-
 /* Every few hundred misses, and at the first miss after each purge tick of the thread's
  * arena (one a purge delay), bins that neither missed nor overflowed since the last sweep
  * give back half their blocks and half their limit: a quiet thread holds little memory,
@@ -390,6 +360,45 @@ static void tcache_idle_sweep(fm_tcache *tc) {
   }
   if (!tc->activity[FM_CLASS_UNIT]) tcache_flush_unit_blocks(tc);
   tc->activity[FM_CLASS_UNIT] = 0;
+}
+
+/* Large blocks bypass the bins, but their slow paths count as the cache's misses all the
+ * same: a thread that goes on with large blocks only, after freeing a heap, still runs the
+ * idle sweeps that let its bins' blocks (and so the spans they pin) go. */
+static void large_path_sweep(void) {
+  if (fm_tc.state == FM_TCACHE_LIVE) tcache_idle_sweep(&fm_tc);
+}
+
+fm_arena *tcache_arena(void) {
+  tcache_current();
+  large_path_sweep();
+  return thread_arena();
+}
+
+void *tcache_take_unit_block(void **top) {
+  fm_tcache *tc = &fm_tc;
+  fm_assert(top == tc->top[FM_CLASS_UNIT] && top != tc->low[FM_CLASS_UNIT]);
+  /* The free fast path took it unchecked. Anything but the start of a live one-unit span
+   * (a pointer into one, or a block that went back to its arena since) would be handed out
+   * over memory that is not its own. */
+  void *p = top[-1];
+  const fm_span *span = span_of(p);
+  if (fm_unlikely(p != span->start || span->used != 1 || span->units != 1))
+    os_fatal("free(): invalid pointer", p);
+  tc->activity[FM_CLASS_UNIT] |= BIN_REFILLED;
+  return tcache_pop(FM_CLASS_UNIT, top);
+}
+
+/* free of a one-unit large block off the fast path: its bin is full (or the cache is gone
+ * or not set up yet), or the block carries the double-free mark. */
+static void free_unit_slow(void *p) {
+  if ((uintptr_t)p & (FM_UNIT_SIZE - 1)) os_fatal("free(): invalid pointer", p);
+  fm_tcache *tc = tcache_current();
+  if (tcache_block_is_free(p, FM_CLASS_UNIT)) os_fatal("free(): double free detected", p);
+  large_path_sweep();
+  tc->activity[FM_CLASS_UNIT] |= BIN_OVERFLOWED;
+  if (tc->top[FM_CLASS_UNIT] == tc->high[FM_CLASS_UNIT]) return arena_free_span_large(p);
+  tcache_push(FM_CLASS_UNIT, tc->top[FM_CLASS_UNIT], p, fm_mark);
 }
 
 /* Doubles the bin's limit while under its maximum, the thread's byte budget and the
@@ -571,9 +580,12 @@ static void free_slow(void *p, unsigned cls) {
     if (p) os_fatal("free(): invalid pointer", p);
     return;
   }
-  if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
   if (cls == FM_CLASS_UNIT) return free_unit_slow(p);
-  if (cls == FM_CLASS_MAPPED) return large_free(p, thread_arena());
+  if (cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_MAPPED) {
+    large_path_sweep();
+    if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
+    return large_free(p, thread_arena());
+  }
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
   if (tcache_block_is_free(p, cls)) os_fatal("free(): double free detected", p);

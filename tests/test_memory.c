@@ -70,20 +70,37 @@ static void test_trim_lowers_rss(void **state) {
     fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
 }
 
-/* Goes on allocating a little (4096 blocks of `size` bytes, every 10 ms, for at most 1000
- * rounds: 100 purge delays, a bound on progress, not a timing) until at most `bound`
- * bytes are mapped; returns the mapped bytes then. */
-static size_t allocate_until_mapped_at_most(size_t bound, size_t size) {
-  enum { ROUND_BLOCKS = 4096 };
-  static void *blocks[ROUND_BLOCKS];
+/* Goes on allocating a little (`count` blocks of `size` bytes, at most 4096, every 10 ms,
+ * for at most 1000 rounds: 100 purge delays, a bound on progress, not a timing) until at
+ * most `bound` bytes are mapped; returns the mapped bytes then. */
+static size_t allocate_until_mapped_at_most(size_t bound, int count, size_t size) {
+  static void *blocks[4096];
+  assert_true(count <= 4096);
   size_t mapped = fm_mapped_bytes();
   for (int round = 0; round < 1000 && mapped > bound; round++) {
     usleep(10 * 1000);
-    for (int i = 0; i < ROUND_BLOCKS; i++) assert_non_null(blocks[i] = malloc(size));
-    for (int i = 0; i < ROUND_BLOCKS; i++) free(blocks[i]);
+    for (int i = 0; i < count; i++) assert_non_null(blocks[i] = malloc(size));
+    for (int i = 0; i < count; i++) free(blocks[i]);
     mapped = fm_mapped_bytes();
   }
   return mapped;
+}
+
+/* Builds a heap of blocks of size_of(i) bytes and frees it in random order (seed), then
+ * goes on allocating rounds of `count` blocks of `size` bytes until at most a quarter of
+ * the heap's bytes stays mapped beyond what was mapped before it. */
+static void check_freed_heap_unmapped(size_t (*size_of)(unsigned), unsigned seed, int count,
+                                      size_t size) {
+  malloc_trim(0);
+  size_t mapped0 = fm_mapped_bytes();
+  size_t total = build_heap_of(size_of, (unsigned char)(seed * 0x11));
+  size_t mapped1 = fm_mapped_bytes();
+  free_heap_shuffled(seed);
+  size_t mapped2 = allocate_until_mapped_at_most(mapped0 + total / 4, count, size);
+  print_message("heap %zu: mapped %zu -> %zu -> %zu\n", total, mapped0, mapped1, mapped2);
+  if (mapped2 > mapped0 + total / 4)
+    fail_msg("10 s after freeing a %zu-byte heap, %zu bytes are mapped (%zu before it)", total,
+             mapped2, mapped0);
 }
 
 /* Without malloc_trim, the chunks of a heap that was freed go back to the OS a few purge
@@ -92,16 +109,15 @@ static size_t allocate_until_mapped_at_most(size_t bound, size_t size) {
  * cache's slow paths run its idle sweeps and the arena's purge ticks. A bound on progress,
  * not a timing: it allows 100 purge delays. */
 static void test_freed_heap_unmapped_without_trim(void **state) {
-  malloc_trim(0);
-  size_t mapped0 = fm_mapped_bytes();
-  size_t total = build_heap(0x22);
-  size_t mapped1 = fm_mapped_bytes();
-  free_heap_shuffled(3);
-  size_t mapped2 = allocate_until_mapped_at_most(mapped0 + total / 4, 1000);
-  print_message("heap %zu: mapped %zu -> %zu -> %zu\n", total, mapped0, mapped1, mapped2);
-  if (mapped2 > mapped0 + total / 4)
-    fail_msg("10 s after freeing a %zu-byte heap, %zu bytes are mapped (%zu before it)", total,
-             mapped2, mapped0);
+  check_freed_heap_unmapped(heap_size, 3, 4096, 1000);
+}
+
+/* The same when the program goes on with large blocks only, which bypass the thread
+ * cache: their slow paths run its idle sweeps too, so the blocks it still holds from all
+ * over the heap go back (before they did, the 206 MB mapped with the heap all stayed
+ * mapped through the 1000 rounds). */
+static void test_freed_heap_unmapped_with_large_blocks_only(void **state) {
+  check_freed_heap_unmapped(heap_size, 6, 8, 100 * FMT_KIB);
 }
 
 /* A quarter of the blocks of 1000 bytes, the rest of 48: spans of both classes in every
@@ -113,16 +129,7 @@ static size_t interleaved_size(unsigned i) { return i % 4 == 3 ? 1000 : 48; }
  * heap. They move down to the lowest chunks, so the others drain (before they did, the
  * whole freed heap, 105 MB, stayed mapped through all 1000 rounds). */
 static void test_freed_heap_unmapped_while_its_spans_cycle(void **state) {
-  malloc_trim(0);
-  size_t mapped0 = fm_mapped_bytes();
-  size_t total = build_heap_of(interleaved_size, 0x33);
-  size_t mapped1 = fm_mapped_bytes();
-  free_heap_shuffled(5);
-  size_t mapped2 = allocate_until_mapped_at_most(mapped0 + total / 4, 1000);
-  print_message("heap %zu: mapped %zu -> %zu -> %zu\n", total, mapped0, mapped1, mapped2);
-  if (mapped2 > mapped0 + total / 4)
-    fail_msg("10 s after freeing a %zu-byte heap, %zu bytes are mapped (%zu before it)", total,
-             mapped2, mapped0);
+  check_freed_heap_unmapped(interleaved_size, 5, 4096, 1000);
 }
 
 /* A program that reaches its arena seldom (one large block every 20 ms) still gets a freed
@@ -216,7 +223,7 @@ static void test_cached_mapping_unmapped_without_trim(void **state) {
   memset(big, 0x33, BIG);
   size_t mapped1 = fm_mapped_bytes();
   free(big);
-  size_t mapped2 = allocate_until_mapped_at_most(mapped1 - BIG / 2, 48);
+  size_t mapped2 = allocate_until_mapped_at_most(mapped1 - BIG / 2, 4096, 48);
   print_message("mapped %zu with a %d-byte block, %zu after its free\n", mapped1, BIG, mapped2);
   if (mapped2 + BIG / 2 > mapped1)
     fail_msg("10 s after freeing a %d-byte block, %zu bytes are mapped (%zu with it)", BIG,
@@ -441,6 +448,7 @@ int main(void) {
       cmocka_unit_test(test_trim_lowers_rss),
       cmocka_unit_test(test_freed_heap_unmapped_without_trim),
       cmocka_unit_test(test_freed_heap_unmapped_while_its_spans_cycle),
+      cmocka_unit_test(test_freed_heap_unmapped_with_large_blocks_only),
       cmocka_unit_test(test_cached_mapping_unmapped_without_trim),
       cmocka_unit_test(test_freed_heap_purged_at_few_arena_frees),
       cmocka_unit_test(test_thread_cache_within_budget),
