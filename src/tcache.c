@@ -337,15 +337,15 @@ static void tcache_flush_unit_blocks(fm_tcache *tc) {
   for (int32_t i = 0; i < count; i++) arena_free_span_large(low[i]);
 }
 
-/* Every few hundred misses, and at the first miss after each purge tick of the thread's
- * arena (one a purge delay), bins that neither missed nor overflowed since the last sweep
- * give back half their blocks and half their limit: a quiet thread holds little memory,
- * while a thread that only frees for a while keeps the bins it frees into. The ticks bound
- * the time, not just the misses, it takes a thread that goes on missing seldom to let go
- * of a heap it freed: its cache's blocks pin the spans they lie in, so their pages too. */
-static void tcache_idle_sweep(fm_tcache *tc) {
-  uint32_t epoch = (uint32_t)__atomic_load_n(&tc->arena->purge_epoch, __ATOMIC_RELAXED);
-  if (++tc->misses < 256 && epoch == tc->sweep_epoch) return;
+/* The purge ticks its thread's arena has run so far. */
+static uint32_t arena_epoch(const fm_tcache *tc) {
+  return (uint32_t)__atomic_load_n(&tc->arena->purge_epoch, __ATOMIC_RELAXED);
+}
+
+/* Bins that neither missed nor overflowed since the last sweep give back half their blocks
+ * and half their limit: a quiet thread holds little memory, while a thread that only frees
+ * for a while keeps the bins it frees into. */
+static void tcache_sweep_bins(fm_tcache *tc, uint32_t epoch) {
   tc->misses = 0;
   tc->sweep_epoch = epoch;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
@@ -362,11 +362,25 @@ static void tcache_idle_sweep(fm_tcache *tc) {
   tc->activity[FM_CLASS_UNIT] = 0;
 }
 
-/* Large blocks bypass the bins, but their slow paths count as the cache's misses all the
- * same: a thread that goes on with large blocks only, after freeing a heap, still runs the
- * idle sweeps that let its bins' blocks (and so the spans they pin) go. */
+/* The sweep runs every few hundred misses, and at the first miss after each purge tick of
+ * the thread's arena (one a purge delay). The ticks bound the time, not just the misses, it
+ * takes a thread that goes on missing seldom to let go of a heap it freed: its cache's
+ * blocks pin the spans they lie in, so their pages too. */
+static void tcache_idle_sweep(fm_tcache *tc) {
+  uint32_t epoch = arena_epoch(tc);
+  if (++tc->misses < 256 && epoch == tc->sweep_epoch) return;
+  tcache_sweep_bins(tc, epoch);
+}
+
+/* Large blocks bypass the bins, but their slow paths run the sweep due at each purge tick
+ * all the same: a thread that goes on with large blocks only, after freeing a heap, still
+ * lets its bins' blocks (and so the spans they pin) go. (Not every 256 of them: a program
+ * busy with large blocks would sweep bins it keeps using.) */
 static void large_path_sweep(void) {
-  if (fm_tc.state == FM_TCACHE_LIVE) tcache_idle_sweep(&fm_tc);
+  fm_tcache *tc = &fm_tc;
+  if (tc->state != FM_TCACHE_LIVE) return;
+  uint32_t epoch = arena_epoch(tc);
+  if (epoch != tc->sweep_epoch) tcache_sweep_bins(tc, epoch);
 }
 
 fm_arena *tcache_arena(void) {
