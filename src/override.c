@@ -42,7 +42,7 @@ static void *large_block(size_t size, size_t align, large_use use) {
   }
   void *p = NULL;
   bool fresh = false;
-  fm_arena *arena = tcache_arena();
+  fm_arena *arena = tcache_large_arena();
   /* A growing block takes a span only when the OS refuses it a mapping: under an
    * address-space limit, a chunk mapped already may still have room. */
   bool span_first = align <= FM_UNIT_SIZE && use != LARGE_GROWING;

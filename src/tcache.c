@@ -383,7 +383,7 @@ static void large_path_sweep(void) {
   if (epoch != tc->sweep_epoch) tcache_sweep_bins(tc, epoch);
 }
 
-fm_arena *tcache_arena(void) {
+fm_arena *tcache_large_arena(void) {
   tcache_current();
   large_path_sweep();
   return thread_arena();
@@ -597,8 +597,7 @@ static void free_slow(void *p, unsigned cls) {
   if (cls == FM_CLASS_UNIT) return free_unit_slow(p);
   if (cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_MAPPED) {
     large_path_sweep();
-    if (cls == FM_CLASS_SPAN_LARGE) return arena_free_span_large(p);
-    return large_free(p, thread_arena());
+    return cls == FM_CLASS_MAPPED ? large_free(p, thread_arena()) : arena_free_span_large(p);
   }
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();

@@ -140,9 +140,9 @@ static inline bool tcache_block_is_free(void *p, unsigned cls) {
 
 /* Global set-up on the first call (before or without constructors); true when ready. */
 bool fm_init(void);
-/* The calling thread's arena, for the large-block paths, which bypass the cache: they run
- * the idle sweep due at each purge tick. */
-fm_arena *tcache_arena(void);
+/* The calling thread's arena for a large block, which bypasses the cache; the call also
+ * runs the cache's idle sweep when a purge tick has passed since the last one. */
+fm_arena *tcache_large_arena(void);
 /* The newest block of bin FM_CLASS_UNIT, whose top (already loaded) is above its low end,
  * for a malloc of 32-64 KiB. */
 void *tcache_take_unit_block(void **top);
