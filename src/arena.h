@@ -11,7 +11,14 @@
 
 typedef struct fm_arena {
   fm_lock_t lock;
-  fm_span *partial[FM_CLASS_SPAN_LARGE + 1];   /* spans with a free block, per class */
+  fm_span *partial[FM_NUM_SPAN_CLASSES + 1];   /* spans with a free block, per class */
+  /* Page spans with a free page by their longest free run: page_spans[n] holds those
+   * whose longest is n pages, page_spans[FM_PAGES_PER_UNIT] the empty ones it keeps a
+   * while (at most FM_PAGE_SPANS_KEPT); bit n of page_span_runs says it holds one. */
+  fm_span *page_spans[FM_PAGES_PER_UNIT + 1];
+  uint32_t page_span_runs;
+  uint16_t page_spans_kept;
+  uint32_t page_frees;     /* frees of page blocks, for the purge tick's clock */
   /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_LARGE: freed
    * large blocks, so a malloc/free loop of them does not churn through the chunks. */
   fm_span *empty[FM_CLASS_SPAN_LARGE + 1];
@@ -46,13 +53,23 @@ void arena_free_span_large(void *p);
  * units that follow it, or by giving back its last units; false when it cannot grow
  * there (or would pass the span-large limit). */
 bool arena_resize_span_large(void *p, size_t size);
+/* A block of `size` bytes (at most FM_UNIT_SIZE) that starts `align` aligned (a power of
+ * two, at most FM_UNIT_SIZE), as a run of pages of a page span: the best fit among the
+ * free runs of the span whose longest free run is the shortest that holds it, else an
+ * empty span. NULL when out of memory; *zeroed says its pages read zero. */
+void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed);
+void arena_free_pages(void *p);
+/* Resizes live block p of a page span in place to hold size bytes (at most
+ * FM_UNIT_SIZE): gives back its last pages, or takes the free pages that follow it;
+ * false when they are not free. */
+bool arena_resize_pages(void *p, size_t size);
 /* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class,
- * FM_CLASS_SPAN_LARGE or FM_CLASS_UNIT); 0 when p starts no block there (an interior
- * pointer, say). Takes no lock: it reads what does not change while the block is
- * allocated. */
+ * FM_CLASS_SPAN_LARGE or FM_CLASS_PAGES); 0 when p starts no block there (an interior
+ * pointer, say). Takes no lock for a block of a size class: it reads what does not change
+ * while the block is allocated. */
 size_t arena_block_usable_size(const void *p, unsigned cls);
 
-/* True when block p of a chunk span (a small class, or a large block of one unit) is free
+/* True when block p of a span of a size class is free
  * in its arena (double-free confirmation). */
 bool arena_block_is_free(void *p);
 

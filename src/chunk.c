@@ -247,19 +247,13 @@ static void units_give_back(fm_chunk *chunk, unsigned first, unsigned count, boo
   if (!purged) chunk->dirty_units |= bits;
 }
 
-/* The unit-map entry of a span of class cls and `units` units: a large block of one unit
- * has a marker of its own, which the thread caches' free fast path takes. */
-static unsigned unit_marker(unsigned cls, unsigned units) {
-  return cls == FM_CLASS_SPAN_LARGE && units == 1 ? FM_CLASS_UNIT : cls;
-}
-
 fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
   if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
   bool zeroed = !(unit_bits((unsigned)first, units) & chunk->dirty_units);
-  units_take(chunk, (unsigned)first, (unsigned)first, units, unit_marker(cls, units));
+  units_take(chunk, (unsigned)first, (unsigned)first, units, cls);
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
   span->cls = (uint8_t)cls;
@@ -267,10 +261,17 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   span->listed = 0;
   span->used = 0;
   span->next = span->prev = NULL;
+  span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
+  if (cls == FM_CLASS_PAGES) {
+    span->block_size = FM_PAGE_SIZE;
+    span->free_pages = UINT16_MAX;
+    span->run_starts = 0;
+    span->clean_pages = zeroed ? UINT16_MAX : 0;
+    return span;
+  }
   size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);
   span_set_block_size(span, block);
   span->fresh = zeroed ? 0 : (uint16_t)span->capacity;
-  span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
   if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
   return span;
 }
@@ -294,7 +295,6 @@ bool chunk_resize_large_span(fm_span *span, unsigned units) {
   }
   span->units = (uint8_t)units;
   span_set_block_size(span, span_bytes(span));
-  fm_unit_map_set(span->start, FM_UNIT_SIZE, (uint8_t)unit_marker(span->cls, units));
   return true;
 }
 
@@ -308,6 +308,7 @@ size_t chunk_used_bytes(const fm_chunk *chunk) {
     const fm_span *span = &chunk->spans[unit];
     fm_assert(chunk->head_of[unit] == unit && span->units > 0);
     if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * fm_class_size[span->cls];
+    else if (span->cls == FM_CLASS_PAGES) used += (size_t)span->used * FM_PAGE_SIZE;
     else if (span->used) used += span_bytes(span);   /* a large block: the whole span */
     unit += span->units;
   }

@@ -15,16 +15,32 @@ struct fm_arena;
 #define FM_SPAN_MAX_BLOCKS (FM_UNIT_SIZE / 16)
 #define FM_SPAN_BITMAP_WORDS (FM_SPAN_MAX_BLOCKS / 64)
 
+/* A page span (class FM_CLASS_PAGES) is one unit whose pages are the blocks: a block of
+ * 8-64 KiB is a run of whole pages, so blocks of every such size share a unit, and a
+ * block's pages are all it touches. Bit i of its masks stands for page i. */
+#define FM_PAGES_PER_UNIT (FM_UNIT_SIZE / FM_PAGE_SIZE)
+
 typedef struct fm_span {
-  uint32_t used;           /* blocks out of the span: in thread caches or with the user */
-  uint32_t capacity;       /* blocks in the span */
-  uint16_t scan;           /* no free bit below this bitmap word */
-  /* Blocks from this index on were never handed out since the span's units were zero
-   * (never touched, or purged): they read zero. capacity when the units were dirty. */
-  uint16_t fresh;
-  uint8_t cls;             /* size class, or FM_CLASS_SPAN_LARGE */
+  uint32_t used;           /* blocks out of the span: in thread caches or with the user;
+                              a page span's pages out */
+  union {
+    struct {               /* a span of blocks, or of a large block */
+      uint32_t capacity;   /* blocks in the span */
+      uint16_t scan;       /* no free bit below this bitmap word */
+      /* Blocks from this index on were never handed out since the span's units were zero
+       * (never touched, or purged): they read zero. capacity when the units were dirty. */
+      uint16_t fresh;
+    };
+    struct {               /* a page span */
+      uint16_t free_pages;   /* pages in no block */
+      uint16_t run_starts;   /* first pages of the blocks out */
+      uint16_t clean_pages;  /* pages that read zero: not handed out since they were */
+    };
+  };
+  uint8_t cls;             /* size class, FM_CLASS_SPAN_LARGE or FM_CLASS_PAGES */
   uint8_t units;           /* length in units */
-  uint8_t listed;          /* on its arena's partial list */
+  uint8_t listed;          /* on its arena's partial list; a page span: the list of its
+                              longest free run (0: on none) */
   uint32_t block_size;     /* stride: bytes from one block's start to the next */
   uint32_t index_magic;    /* block index = ((offset >> 4) * index_magic) >> 31, exactly */
   char *start;
@@ -88,6 +104,33 @@ static inline size_t span_bytes(const fm_span *span) { return (size_t)span->unit
 static inline uint64_t *span_free_bits(fm_span *span) {
   fm_chunk *chunk = chunk_of(span);
   return chunk->free_bits[span - chunk->spans];
+}
+
+/* Page i of the unit p lies in (for a page span). */
+static inline unsigned page_index(const void *p) {
+  return (unsigned)((uintptr_t)p / FM_PAGE_SIZE) & (FM_PAGES_PER_UNIT - 1);
+}
+
+/* Pages in the block that starts at page `first` of a page span: up to the next block's
+ * first page or the next free page. */
+static inline unsigned page_run_length(const fm_span *span, unsigned first) {
+  uint32_t ends = (uint32_t)(__atomic_load_n(&span->run_starts, __ATOMIC_RELAXED) |
+                             __atomic_load_n(&span->free_pages, __ATOMIC_RELAXED)) >> (first + 1);
+  return (unsigned)__builtin_ctz(ends | 1u << (FM_PAGES_PER_UNIT - 1 - first)) + 1;
+}
+
+/* Whether p starts a block out of its page span (a block's first page is never free). */
+static inline bool page_block_at(const fm_span *span, const void *p) {
+  return span->cls == FM_CLASS_PAGES && !((uintptr_t)p & (FM_PAGE_SIZE - 1)) &&
+         (__atomic_load_n(&span->run_starts, __ATOMIC_RELAXED) >> page_index(p) & 1);
+}
+
+/* The pages of block p of a page span when p starts a block out of it, else 0. Takes no
+ * lock: a block's own pages do not change while it is out, so the answer holds for a live
+ * block; for any other pointer it is a hint (arena_free_pages gives the verdict). */
+static inline unsigned page_block_pages(const void *p) {
+  const fm_span *span = span_of(p);
+  return page_block_at(span, p) ? page_run_length(span, page_index(p)) : 0;
 }
 
 /* Whether most of the chunk's units are free. */

@@ -31,7 +31,8 @@ fm_api FM_HOT_ENTRY void free(void *p) { tcache_free(p); }
 typedef enum { LARGE_PLAIN, LARGE_ZEROED, LARGE_GROWING } large_use;
 
 /* A block beyond the size classes, or an alignment they cannot give (align: a power of
- * two, 0 for none): a chunk span (64 KiB aligned) up to 1 MiB, else a mapping of its own. */
+ * two, 0 for none): whole pages of a page span up to 64 KiB (and as aligned), else a
+ * chunk span (64 KiB aligned) up to 1 MiB, else a mapping of its own. */
 static void *large_block(size_t size, size_t align, large_use use) {
   /* No mapping spans the whole user address space: NULL at once, without the retry's
    * flushes and unmaps. */
@@ -45,12 +46,14 @@ static void *large_block(size_t size, size_t align, large_use use) {
   fm_arena *arena = tcache_large_arena();
   /* A growing block takes a span only when the OS refuses it a mapping: under an
    * address-space limit, a chunk mapped already may still have room. */
+  bool in_pages = size <= FM_UNIT_SIZE && align <= FM_UNIT_SIZE && use != LARGE_GROWING;
   bool span_first = align <= FM_UNIT_SIZE && use != LARGE_GROWING;
   bool span_last = align <= FM_UNIT_SIZE && use == LARGE_GROWING;
   size_t span_size = size < align ? align : size;
   /* Out of memory, maybe once more after giving back the memory held empty. */
   for (bool retried = false; !p; retried = true) {
-    if (span_first) p = arena_alloc_span_large(arena, span_size, &fresh);
+    if (in_pages) p = arena_alloc_pages(arena, size, align, &fresh);
+    else if (span_first) p = arena_alloc_span_large(arena, span_size, &fresh);
     if (!p) p = large_alloc(size, align, arena, &fresh);
     if (!p && span_last) p = arena_alloc_span_large(arena, span_size, &fresh);
     if (!p && (retried || !tcache_release_for_retry())) {
@@ -62,14 +65,18 @@ static void *large_block(size_t size, size_t align, large_use use) {
   return p;
 }
 
+/* A block of 8-64 KiB: whole pages of a page span, through the thread's cache once the
+ * thread is set up (large_block sets it up, and retries out of memory). */
+static void *page_block(size_t size) {
+  void *p = tcache_malloc_pages(size);
+  return fm_likely(p != NULL) ? p : large_block(size, 0, LARGE_PLAIN);
+}
+
 /* malloc beyond the thread cache's copy of the size table: a class from the global
  * table, or a large block. */
 void *fm_malloc_untabled(size_t size) {
-  if (size > FM_SMALL_MAX) {
-    void **top = fm_tc.top[FM_CLASS_UNIT];
-    if (size <= FM_UNIT_SIZE && top != fm_tc.low[FM_CLASS_UNIT]) return tcache_take_unit_block(top);
-    return large_block(size, 0, LARGE_PLAIN);
-  }
+  if (size > FM_SMALL_MAX)
+    return size <= FM_UNIT_SIZE ? page_block(size) : large_block(size, 0, LARGE_PLAIN);
   return tcache_malloc_class(fm_size_class(size), size, true);
 }
 
@@ -92,7 +99,8 @@ fm_api void *calloc(size_t count, size_t size) {
 static size_t usable_size(void *p, unsigned cls, const char *op) {
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p, op);
   size_t usable = cls ? arena_block_usable_size(p, cls) : 0;
-  if (!usable || ((cls <= FM_NUM_SPAN_CLASSES || cls == FM_CLASS_UNIT) && tcache_block_is_free(p, cls)))
+  if (!usable || (cls <= FM_NUM_SPAN_CLASSES && tcache_block_is_free(p, cls)) ||
+      (cls == FM_CLASS_PAGES && tcache_page_block_is_free(p)))
     os_fatal(op, p);
   return usable;
 }
@@ -109,6 +117,11 @@ fm_api void *realloc(void *p, size_t size) {
   }
   unsigned cls = fm_unit_class_checked(p);
   size_t old = usable_size(p, cls, "realloc(): invalid pointer");
+  /* A block of whole pages gives back its last pages, or takes the free pages that follow
+   * it. */
+  if (cls == FM_CLASS_PAGES && size > FM_SMALL_MAX && size <= FM_UNIT_SIZE &&
+      arena_resize_pages(p, size))
+    return p;
   /* Keep the block when the new size fits and wastes no more than half of it, or when no
    * smaller class would serve it. */
   if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == cls)))
@@ -120,7 +133,7 @@ fm_api void *realloc(void *p, size_t size) {
   bool grows = size > old;
   /* A large block in a span gives back its last units, or grows into free units that
    * follow it, without a copy (beyond REALLOC_MAPPED_MIN, a mapping serves growth better). */
-  if (fm_class_is_span_large(cls) && size > FM_SMALL_MAX && (!grows || size < REALLOC_MAPPED_MIN) &&
+  if (cls == FM_CLASS_SPAN_LARGE && size > FM_SMALL_MAX && (!grows || size < REALLOC_MAPPED_MIN) &&
       arena_resize_span_large(p, size))
     return p;
   int saved = grows ? 0 : errno;   /* (read only where it is put back) */

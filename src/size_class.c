@@ -13,8 +13,7 @@ uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
 
 const uint32_t fm_class_size[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
-    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21),
-    FM_ROW4(25), FM_ROW4(29), FM_ROW4(33), FM_ROW4(37),
+    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21), FM_ROW4(25), FM_ROW4(29),
     FM_TWIN_SIZES,
     0, 0, 0, /* the large markers */
 };
@@ -26,8 +25,7 @@ const uint32_t fm_class_size[FM_BINS] = {
 
 const uint32_t fm_class_stride[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
-    FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21),
-    FM_SROW4(25), FM_SROW4(29), FM_SROW4(33), FM_SROW4(37),
+    FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21), FM_SROW4(25), FM_SROW4(29),
     FM_TWIN_SIZES,
     0, 0, 0,
 };

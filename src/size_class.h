@@ -1,15 +1,15 @@
-/* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 32 KiB.
- * Class 0 and the first two large markers are never cached: the unit map stores them for
- * "not ours", "large block in a chunk span" and "large block in its own mapping", and
- * their tcache bins are always full, so free() reaches its slow path without a test.
- * The third, a large block of one unit (32-64 KiB), has a bin of its own. */
+/* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 8 KiB.
+ * Class 0 and the markers are never cached: the unit map stores them for "not ours",
+ * "large block in a chunk span", "blocks of whole pages" (8-64 KiB, see arena.h) and
+ * "large block in its own mapping", and their tcache bins are always full, so free()
+ * reaches its slow path without a test. */
 #ifndef FM_SIZE_CLASS_H
 #define FM_SIZE_CLASS_H
 
 #include "config.h"
 
-#define FM_SMALL_MAX 32768u                   /* largest size served by a size class */
-#define FM_NUM_CLASSES 40                     /* classes malloc picks by size: 1 .. 40 */
+#define FM_SMALL_MAX 8192u                    /* largest size served by a size class */
+#define FM_NUM_CLASSES 32                     /* classes malloc picks by size: 1 .. 32 */
 /* Blocks whose size is a multiple of 1 KiB would all start at the same few offsets of a
  * page, so they would compete for the same few sets of the L1 cache: 25 blocks of 4 KiB
  * in a loop miss on every access. Those classes (1..8 KiB) are laid out with a stride of
@@ -18,15 +18,9 @@
 #define FM_NUM_TWINS 8
 #define FM_NUM_SPAN_CLASSES (FM_NUM_CLASSES + FM_NUM_TWINS)   /* every class with spans */
 #define FM_CLASS_SPAN_LARGE (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */
-#define FM_CLASS_MAPPED (FM_NUM_SPAN_CLASSES + 2)      /* unit-map marker: its own mapping */
-#define FM_CLASS_UNIT (FM_NUM_SPAN_CLASSES + 3)        /* unit-map marker: a span-large block
-                                                          of one unit */
+#define FM_CLASS_PAGES (FM_NUM_SPAN_CLASSES + 2)       /* unit-map marker: a page span */
+#define FM_CLASS_MAPPED (FM_NUM_SPAN_CLASSES + 3)      /* unit-map marker: its own mapping */
 #define FM_BINS (FM_NUM_SPAN_CLASSES + 4)              /* tcache bins, markers included */
-
-/* Whether unit-map class cls marks a large block that is a whole chunk span. */
-static inline bool fm_class_is_span_large(unsigned cls) {
-  return cls == FM_CLASS_SPAN_LARGE || cls == FM_CLASS_UNIT;
-}
 
 /* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */
@@ -48,7 +42,7 @@ static inline unsigned fm_size_class_formula(size_t size) {
   return 9 + (b - 7) * 4 + k;
 }
 
-/* Smallest class whose blocks are all aligned to `align` (a power of two <= 32 KiB)
+/* Smallest class whose blocks are all aligned to `align` (a power of two <= 8 KiB)
  * and hold `size` bytes, or 0 when no class does: a padded class's twin when only the
  * twin's stride keeps the alignment. */
 unsigned fm_size_class_aligned(size_t size, size_t align);

@@ -8,7 +8,7 @@
  * move pointers without touching the blocks at all. The only word the cache writes into
  * a free block is the double-free mark.
  * Measured cost (x86-64, gcc 12, hardening on): malloc hit 13 instructions (17 from 1 KiB
- * to 32 KiB), free hit 15. */
+ * to 8 KiB), free hit 15. */
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
 
@@ -25,7 +25,6 @@ enum { FM_TCACHE_BOOT, FM_TCACHE_LIVE, FM_TCACHE_DEAD };
  * larger ones take one call more. The copy stops here to keep the cache small (about
  * 1.4 KiB of TLS): a dlopen'ed copy of the library then fits in glibc's spare static TLS. */
 #define FM_TABLED_MAX 1024u
-#define FM_TCACHE_UNIT_BLOCKS 4   /* the bin of one-unit large blocks: its fixed limit */
 
 typedef struct fm_tcache {
   /* Bin cls holds the blocks at low[cls] .. top[cls] - 1, the newest on top, and has room
@@ -48,11 +47,11 @@ typedef struct fm_tcache {
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
   uint32_t sweep_epoch;      /* the arena's purge tick count at the last idle sweep */
-  /* The slots of bin FM_CLASS_UNIT: freed large blocks of one unit (32-64 KiB), for the
-   * thread's next malloc of that size. In the arena, each such malloc and free took about
-   * 280 instructions (the lock, the span lists, the purge tick's clock); through the bin,
-   * free is the fast path's push. The bin never grows. */
-  void *unit_slots[FM_TCACHE_UNIT_BLOCKS];
+  /* The thread's last freed page block of each length in pages (8-64 KiB, see arena.h),
+   * for its next malloc of that length: without it, each malloc and free of such a
+   * block took the arena's page span lists (about 200 instructions). One a length, so
+   * the cache pins little: at most one block of each length, 0.6 MiB in all. */
+  void *page_blocks[FM_PAGES_PER_UNIT + 1];
   /* The list of live threads' caches (under tcache.c's pool_lock), which a free of a
    * marked block searches for a double free from another thread. */
   struct fm_tcache *live_next, *live_prev;
@@ -138,14 +137,18 @@ static inline bool tcache_block_is_free(void *p, unsigned cls) {
   return mark_found(p, fm_mark) && tcache_marked_block_is_free(p, cls);
 }
 
+/* A block of size bytes (FM_SMALL_MAX .. FM_UNIT_SIZE) for malloc: the cached page block
+ * of its length, else one from the thread's arena; NULL when the thread has no cache (not
+ * set up, or exited) or the arena no memory. */
+void *tcache_malloc_pages(size_t size);
+/* Whether page block p, live as far as its span can tell, is freed: in a thread's cache. */
+bool tcache_page_block_is_free(void *p);
+
 /* Global set-up on the first call (before or without constructors); true when ready. */
 bool fm_init(void);
 /* The calling thread's arena for a large block, which bypasses the cache; the call also
  * runs the cache's idle sweep when a purge tick has passed since the last one. */
 fm_arena *tcache_large_arena(void);
-/* The newest block of bin FM_CLASS_UNIT, whose top (already loaded) is above its low end,
- * for a malloc of 32-64 KiB. */
-void *tcache_take_unit_block(void **top);
 /* Flushes the calling thread's cache and purges every arena: malloc_trim(0). */
 size_t tcache_trim(void);
 /* Out of memory: flushes the calling thread's cache and unmaps every empty chunk, chunk

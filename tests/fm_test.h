@@ -47,16 +47,18 @@ static inline void fmt_fill_usable(void *p, size_t from, int byte) {
 }
 
 /* The class sizes DESIGN §2 defines, in increasing order: 16-byte steps to 128, then
- * four classes per power of two up to 32 KiB. Returns the count. */
+ * four classes per power of two, up to 8 KiB here (DESIGN says 32 KiB: blocks of 8-64 KiB
+ * are runs of whole pages instead, see src/arena.h). Returns the count. */
 static inline unsigned fmt_class_sizes(size_t out[FMT_MAX_CLASSES]) {
   unsigned n = 0;
   for (size_t s = 16; s <= 128; s += 16) out[n++] = s;
-  for (size_t p = 128; p < 32768; p *= 2)
+  for (size_t p = 128; p < 8192; p *= 2)
     for (size_t k = 1; k <= 4; k++) out[n++] = p + k * (p / 4);
   return n;
 }
 
-/* Every class size s as s-1, s, s+1, then sizes served by large blocks. Returns the count. */
+/* Every class size s as s-1, s, s+1, then sizes served by page blocks and large blocks.
+ * Returns the count. */
 static inline unsigned fmt_boundary_sizes(size_t out[3 * FMT_MAX_CLASSES + 8]) {
   size_t cls[FMT_MAX_CLASSES];
   unsigned nc = fmt_class_sizes(cls), n = 0;
@@ -65,8 +67,9 @@ static inline unsigned fmt_boundary_sizes(size_t out[3 * FMT_MAX_CLASSES + 8]) {
     out[n++] = cls[i];
     out[n++] = cls[i] + 1;
   }
-  const size_t large[] = {48 * FMT_KIB, 64 * FMT_KIB + 1, 256 * FMT_KIB - 1, FMT_MIB - 1,
-                          FMT_MIB + 1, 4 * FMT_MIB + 1};
+  /* Blocks of whole pages (above the classes, up to 64 KiB), then large blocks. */
+  const size_t large[] = {12 * FMT_KIB + 1, 40000, 64 * FMT_KIB, 64 * FMT_KIB + 1,
+                          256 * FMT_KIB - 1, FMT_MIB - 1, FMT_MIB + 1, 4 * FMT_MIB + 1};
   for (unsigned i = 0; i < sizeof large / sizeof large[0]; i++) out[n++] = large[i];
   return n;
 }

@@ -717,6 +717,39 @@ static void test_realloc_span_in_place(void **state) {
   free(p);
 }
 
+/* Blocks above the size classes up to 64 KiB are runs of whole pages: page aligned (and
+ * at any alignment up to 64 KiB on request), usable to their last page. realloc shrinks
+ * one in place, giving its last pages back, and grows it in place into free pages that
+ * follow it, contents kept. */
+static void test_page_blocks(void **state) {
+  const size_t sizes[] = {8 * FMT_KIB + 1, 12 * FMT_KIB, 40000, 64 * FMT_KIB};
+  for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    void *p = malloc(sizes[i]);
+    check_block(p, sizes[i], 4096, i);
+    assert_int_equal(malloc_usable_size(p), (sizes[i] + 4095) / 4096 * 4096);
+    free(p);
+  }
+  for (size_t align = 8 * FMT_KIB; align <= 64 * FMT_KIB; align *= 2) {
+    void *small = aligned_alloc(align, 100), *large = aligned_alloc(align, 40000);
+    check_block(small, 100, align, align);
+    check_block(large, 40000, align, align + 1);
+    assert_true(fmt_check(small, malloc_usable_size(small), align));
+    free(small);
+    free(large);
+  }
+  char *p = malloc(60 * FMT_KIB);
+  assert_non_null(p);
+  fmt_fill(p, 60 * FMT_KIB, 7);
+  if (realloc(p, 20 * FMT_KIB) != p) fail_msg("realloc(malloc(60 KiB), 20 KiB) moved the block");
+  assert_int_equal(malloc_usable_size(p), 20 * FMT_KIB);
+  /* The pages it gave back follow it, free, in a single-threaded test. */
+  if (realloc(p, 56 * FMT_KIB) != p) fail_msg("realloc of a 20 KiB block to 56 KiB moved it");
+  assert_int_equal(malloc_usable_size(p), 56 * FMT_KIB);
+  assert_true(fmt_check(p, 20 * FMT_KIB, 7));
+  check_block(p, 56 * FMT_KIB, 4096, 8);
+  free(p);
+}
+
 /* The minimal mallinfo/mallopt/malloc_info/malloc_trim answers: the mapped bytes, "accepted",
  * and a trim that releases the pages of a block just freed. */
 static void test_malloc_info_family(void **state) {
@@ -858,6 +891,7 @@ int main(void) {
       cmocka_unit_test(test_realloc_in_place),
       cmocka_unit_test(test_realloc_shrink_moves),
       cmocka_unit_test(test_realloc_span_in_place),
+      cmocka_unit_test(test_page_blocks),
       cmocka_unit_test(test_malloc_stats_line),
       cmocka_unit_test(test_realloc_moves_preserve),
       cmocka_unit_test(test_realloc_failure),

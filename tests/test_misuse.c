@@ -110,11 +110,11 @@ static void free_interior(void *arg) {
   malloc_trim(0);
 }
 
-/* A pointer into a one-unit large block, freed: the next malloc of that size, which would
- * hand it out over the next unit, catches it first. */
-static void free_unit_interior(void *arg) {
+/* A pointer into a block of whole pages (8-64 KiB), freed: its page starts no block. arg:
+ * the offset, a page's or not. */
+static void free_page_interior(void *arg) {
   char *p = malloc(40000);
-  free(fmt_launder(p + 4096));
+  free(fmt_launder(p + (uintptr_t)arg));
   char *q = malloc(40000);
   memset(fmt_launder(q), 1, 40000);
 }
@@ -252,7 +252,7 @@ static void test_control_child_exits_cleanly(void **state) {
 }
 
 static void test_double_free(void **state) {
-  const size_t sizes[] = {16, 48, 100, 1024, 4000, 32768, 40000, 200000, 2 * FMT_MIB};
+  const size_t sizes[] = {16, 48, 100, 1024, 4000, 12000, 32768, 40000, 200000, 2 * FMT_MIB};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     expect_report(double_free, (void *)(uintptr_t)sizes[i], "double free",
                   "free(): double free detected");
@@ -261,10 +261,12 @@ static void test_double_free(void **state) {
   }
 }
 
-/* 40000 bytes: a one-unit large block, which the first free's thread keeps in its cache
- * like a small one, so the other thread's free is caught there. (A larger span's
- * block goes back to the arena, whose next span, for the new thread's own blocks, may take
- * its units: then the second free is of a live block, as it can be with any allocator.) */
+/* 32768 and 40000 bytes: blocks of whole pages, which the first free's thread keeps in its
+ * cache, or their arena in its page span (a span of pages that empties waits for page
+ * blocks, not other classes), so the other thread's free is caught there. (A larger
+ * block's span goes back to the arena, whose next span, for the new thread's own blocks,
+ * may take its units: then the second free is of a live block, as it can be with any
+ * allocator.) */
 static void test_double_free_across_threads(void **state) {
   const size_t sizes[] = {16, 1024, 32768, 40000};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -277,7 +279,9 @@ static void test_double_free_across_threads(void **state) {
 
 static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
-  expect_report(free_unit_interior, NULL, "free of a pointer inside a one-unit block",
+  expect_report(free_page_interior, (void *)(uintptr_t)4096,
+                "free of a page inside a block of pages", "free(): invalid pointer");
+  expect_report(free_page_interior, (void *)(uintptr_t)48, "free of a pointer inside a block of pages",
                 "free(): invalid pointer");
   expect_abort(double_free_after_write, NULL, "double free after a write");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
@@ -290,16 +294,16 @@ static void test_bad_blocks_given_back(void **state) {
 static void test_interior_pointers_measured(void **state) {
   expect_report(realloc_freed_mapped, NULL, "realloc of a freed mapped block",
                 "realloc(): invalid pointer");
-  /* Blocks a thread cache may hold (small ones, and large ones of one unit: 40000) by the
-   * mark, so not in a build without it; other large ones always. */
-  const size_t freed_sizes[] = {100, 5000, 40000, 500000};
-  for (unsigned i = FM_FREE_MARK ? 0 : 3; i < sizeof freed_sizes / sizeof freed_sizes[0]; i++) {
+  /* Blocks a thread cache may hold (small ones, and blocks of pages: 20000, 40000) by the
+   * mark, so not in a build without it; large ones always. */
+  const size_t freed_sizes[] = {100, 5000, 20000, 40000, 500000};
+  for (unsigned i = FM_FREE_MARK ? 0 : 4; i < sizeof freed_sizes / sizeof freed_sizes[0]; i++) {
     expect_report(realloc_freed, (void *)(uintptr_t)freed_sizes[i], "realloc of a freed block",
                   "realloc(): invalid pointer");
     expect_report(usable_size_freed, (void *)(uintptr_t)freed_sizes[i],
                   "malloc_usable_size of a freed block", "malloc_usable_size(): invalid pointer");
   }
-  const size_t sizes[] = {64, 4000, 40000, 2 * FMT_MIB};
+  const size_t sizes[] = {64, 4000, 20000, 40000, 2 * FMT_MIB};
   for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     expect_report(realloc_interior, (void *)(uintptr_t)sizes[i], "realloc of an interior pointer",
                   "realloc(): invalid pointer");
