@@ -115,8 +115,6 @@ static void free_interior(void *arg) {
 static void free_page_interior(void *arg) {
   char *p = malloc(40000);
   free(fmt_launder(p + (uintptr_t)arg));
-  char *q = malloc(40000);
-  memset(fmt_launder(q), 1, 40000);
 }
 
 /* A write after the first free erased the mark that free checks: the span's bitmap still
