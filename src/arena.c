@@ -558,9 +558,9 @@ void arena_free_span_large(void *p) {
  * With a size class per span, each class up to 32 KiB kept its own partly used spans, and
  * a block of 32-64 KiB had a unit to itself, all of whose pages stayed resident once any
  * block there had touched them: medium (128 blocks of 8-64 KiB replaced at random) peaked
- * at 9.6 MiB where glibc's best fit of chunks peaks at 7.4. In a page span, blocks of any
+ * at 9.4 MiB where glibc's best fit of chunks peaks at 7.3. In a page span, blocks of any
  * length share the unit's 16 pages, and a malloc takes the lowest free run that holds it
- * in a span whose longest free run is the shortest that does: 8.4 MiB (8.8 with the
+ * in a span whose longest free run is the shortest that does: 8.2 MiB (8.7 with the
  * thread's cache of page blocks, see tcache.h). */
 
 /* Bits first .. first + pages - 1 of a page span's masks. */

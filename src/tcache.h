@@ -50,7 +50,7 @@ typedef struct fm_tcache {
   /* The thread's last freed page block of each length in pages (8-64 KiB, see arena.h),
    * for its next malloc of that length: without it, each malloc and free of such a
    * block took the arena's page span lists (about 200 instructions). One a length, so
-   * the cache pins little: at most one block of each length, 0.6 MiB in all. */
+   * the cache pins little: at most one block of each length, 0.53 MiB in all. */
   void *page_blocks[FM_PAGES_PER_UNIT + 1];
   /* The list of live threads' caches (under tcache.c's pool_lock), which a free of a
    * marked block searches for a double free from another thread. */
