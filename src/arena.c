@@ -18,7 +18,6 @@ static uint8_t longest_in_byte[256];   /* the longest run of set bits in each by
 #define FM_SPAN_LARGE_MAX_UNITS 16   /* large blocks up to 1 MiB come from chunk spans */
 #define FM_SPAN_MAX_UNITS 8          /* the longest span of a size class */
 #define FM_EMPTY_CHUNKS_KEPT 2        /* empty chunks an arena keeps mapped between ticks */
-#define FM_PAGE_SPANS_KEPT 16         /* empty page spans an arena keeps between ticks */
 
 void arena_init_all(void) {
   unsigned wanted = fm_options.arenas ? fm_options.arenas : os_cpu_count();
@@ -147,11 +146,12 @@ static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
 
 /* Gives one kept span back to its chunk, still resident, so a new span can take its
  * memory: the lowest of at least `units` units if any, else the lowest; false when none
- * is kept. */
-static bool arena_drop_kept_span(fm_arena *arena, unsigned units) {
+ * is kept. Empty page spans (page_spans) or those of the other classes. */
+static bool arena_drop_kept_span(fm_arena *arena, unsigned units, bool page_spans) {
   for (unsigned need = units;; need = 1) {
     fm_span *lowest = NULL;
-    for (unsigned c = 1; c <= FM_CLASS_SPAN_LARGE; c++) {
+    for (unsigned c = 1; c <= FM_CLASS_PAGES; c++) {
+      if ((c == FM_CLASS_PAGES) != page_spans) continue;
       fm_span *span = arena->empty[c];
       while (span && span->units < need) span = span->next;
       if (span && (!lowest || span < lowest)) lowest = span;
@@ -198,41 +198,18 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
   return chunk;
 }
 
-/* Takes a page span off its list. */
-static fm_always_inline void page_span_unlist(fm_arena *arena, fm_span *span) {
-  unsigned runs = span->listed;
-  if (!runs) return;
-  fm_span *next = span->next, *prev = span->prev;
-  if (next) next->prev = prev;
-  if (prev) {
-    prev->next = next;
-  } else {
-    arena->page_spans[runs] = next;
-    if (!next) arena->page_span_runs &= ~(1u << runs);
-  }
-  if (runs == FM_PAGES_PER_UNIT) arena->page_spans_kept--;
-  span->listed = 0;
-}
-
-/* The empty page spans an arena keeps wait for page blocks (see page_span_relist); other
- * spans take them only where no chunk has room: gives the first back to its chunk, still
- * resident; false when none is kept. */
-static bool arena_drop_page_span(fm_arena *arena) {
-  fm_span *span = arena->page_spans[FM_PAGES_PER_UNIT];
-  if (!span) return false;
-  page_span_unlist(arena, span);
-  arena_give_back_span(arena, span, false);
-  return true;
-}
-
 /* Memory already resident first, so the heap grows its RSS only when it must: free units
  * still resident, then the empty spans other classes keep, one at a time, then untouched
- * or purged units, then empty page spans, then a new chunk. */
+ * or purged units, then empty page spans, then a new chunk. (Empty page spans wait for
+ * page blocks: so a page block freed twice finds its page free, not a block of another
+ * class.) */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   fm_span *span = arena_find_span(arena, units, cls, true);
-  while (!span && arena_drop_kept_span(arena, units)) span = arena_find_span(arena, units, cls, true);
+  while (!span && arena_drop_kept_span(arena, units, false))
+    span = arena_find_span(arena, units, cls, true);
   if (!span) span = arena_find_span(arena, units, cls, false);
-  while (!span && arena_drop_page_span(arena)) span = arena_find_span(arena, units, cls, false);
+  while (!span && arena_drop_kept_span(arena, units, true))
+    span = arena_find_span(arena, units, cls, false);
   if (span) return span;
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
@@ -351,14 +328,15 @@ static void arena_unlock_after_free(fm_arena *arena, bool threaded) {
   if (ticked) large_expire(false);
 }
 
-/* An empty span stays with its class for a purge tick (up to 4 MiB a class, 16 spans of
- * large blocks), so a class whose spans keep emptying and refilling does not churn
- * through its chunk; then it is purged at once, having aged already. When the class keeps
- * its most, the highest of them and this one goes back to its chunk. */
+/* An empty span stays with its class for a purge tick (up to 4 MiB a size class, 16 spans
+ * of large blocks or of pages), so a class whose spans keep emptying and refilling does
+ * not churn through its chunk; then it is purged at once, having aged already. When the
+ * class keeps its most, the highest of them and this one goes back to its chunk. (A page
+ * span leaves its list first.) */
 static void arena_span_emptied(fm_arena *arena, fm_span *span) {
   unsigned cls = span->cls;
   if (span->listed) partial_remove(arena, span);
-  bool keep = cls == FM_CLASS_SPAN_LARGE
+  bool keep = cls > FM_NUM_SPAN_CLASSES
                   ? arena->empty_count[cls] < 16
                   : (size_t)arena->empty_count[cls] * span_bytes(span) < ((size_t)4 << 20);
   if (!keep) {
@@ -590,11 +568,23 @@ static int page_run_find(uint32_t free_pages, unsigned pages, unsigned align_pag
   return -1;
 }
 
-/* Moves a page span whose free pages changed to the list of its longest free run (none
- * when it has no free page). An empty one waits there for a purge tick, as other classes'
- * empty spans do on their kept lists, but for page blocks alone: so a block freed twice
- * finds its page free, not a block of another class. Beyond FM_PAGE_SPANS_KEPT it goes
- * back to its chunk. */
+/* Takes a page span off its list. */
+static fm_always_inline void page_span_unlist(fm_arena *arena, fm_span *span) {
+  unsigned runs = span->listed;
+  if (!runs) return;
+  fm_span *next = span->next, *prev = span->prev;
+  if (next) next->prev = prev;
+  if (prev) {
+    prev->next = next;
+  } else {
+    arena->page_spans[runs] = next;
+    if (!next) arena->page_span_runs &= ~(1u << runs);
+  }
+  span->listed = 0;
+}
+
+/* Moves a page span whose free pages changed to the list of its longest free run: none
+ * when it has no free page; an empty one goes to the kept spans. */
 static void page_span_relist(fm_arena *arena, fm_span *span) {
   fm_assert(!(span->free_pages & span->run_starts) && !(span->clean_pages & ~span->free_pages));
   fm_assert(span->used + (unsigned)__builtin_popcount(span->free_pages) == FM_PAGES_PER_UNIT);
@@ -602,14 +592,7 @@ static void page_span_relist(fm_arena *arena, fm_span *span) {
   if (longest == span->listed) return;
   page_span_unlist(arena, span);
   if (longest == 0) return;
-  if (longest == FM_PAGES_PER_UNIT) {
-    if (arena->page_spans_kept == FM_PAGE_SPANS_KEPT) {
-      arena_give_back_span(arena, span, false);
-      return;
-    }
-    arena->page_spans_kept++;
-    span->empty_since = arena->purge_epoch;
-  }
+  if (longest == FM_PAGES_PER_UNIT) return arena_span_emptied(arena, span);
   LIST_PUSH(&arena->page_spans[longest], span);
   arena->page_span_runs |= 1u << longest;
   span->listed = (uint8_t)longest;
@@ -633,7 +616,7 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
     }
   }
   if (first < 0) {
-    span = arena_take_span(arena, 1, FM_CLASS_PAGES);
+    span = arena_reuse_or_take_span(arena, FM_CLASS_PAGES, 1);
     first = 0;   /* (an empty span's run from page 0 has any alignment up to the unit) */
   }
   void *p = NULL;
@@ -786,7 +769,7 @@ static size_t span_purge_free_pages(fm_span *span) {
 size_t arena_purge(fm_arena *arena, fm_purge how) {
   bool all = how != FM_PURGE_STALE, pages = how != FM_UNMAP_EMPTY;
   size_t released = 0;
-  for (unsigned cls = 1; cls <= FM_CLASS_SPAN_LARGE; cls++) {
+  for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
       next = span->next;
       if (all || span->empty_since + 2 <= arena->purge_epoch) {
@@ -799,15 +782,6 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
     if (how == FM_PURGE_ALL && cls <= FM_NUM_SPAN_CLASSES)
       for (fm_span *partial = arena->partial[cls]; partial; partial = partial->next)
         released += span_purge_free_pages(partial);
-  }
-  for (fm_span *span = arena->page_spans[FM_PAGES_PER_UNIT], *next; span; span = next) {
-    next = span->next;
-    if (all || span->empty_since + 2 <= arena->purge_epoch) {
-      page_span_unlist(arena, span);
-      bool purged = pages && os_purge(span->start, FM_UNIT_SIZE);
-      if (purged) released += FM_UNIT_SIZE;
-      arena_give_back_span(arena, span, purged);
-    }
   }
   if (how == FM_PURGE_ALL)
     for (unsigned runs = 1; runs < FM_PAGES_PER_UNIT; runs++)

@@ -12,17 +12,16 @@
 typedef struct fm_arena {
   fm_lock_t lock;
   fm_span *partial[FM_NUM_SPAN_CLASSES + 1];   /* spans with a free block, per class */
-  /* Page spans with a free page by their longest free run: page_spans[n] holds those
-   * whose longest is n pages, page_spans[FM_PAGES_PER_UNIT] the empty ones it keeps a
-   * while (at most FM_PAGE_SPANS_KEPT); bit n of page_span_runs says it holds one. */
-  fm_span *page_spans[FM_PAGES_PER_UNIT + 1];
+  /* Partly used page spans by their longest free run: page_spans[n] holds those whose
+   * longest is n pages (1 .. 15); bit n of page_span_runs says it holds one. */
+  fm_span *page_spans[FM_PAGES_PER_UNIT];
   uint32_t page_span_runs;
-  uint16_t page_spans_kept;
   uint32_t page_frees;     /* frees of page blocks, for the purge tick's clock */
   /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_LARGE: freed
-   * large blocks, so a malloc/free loop of them does not churn through the chunks. */
-  fm_span *empty[FM_CLASS_SPAN_LARGE + 1];
-  uint16_t empty_count[FM_CLASS_SPAN_LARGE + 1];
+   * large blocks, so a malloc/free loop of them does not churn through the chunks;
+   * FM_CLASS_PAGES: empty page spans. */
+  fm_span *empty[FM_CLASS_PAGES + 1];
+  uint16_t empty_count[FM_CLASS_PAGES + 1];
   char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
   fm_chunk *chunks;        /* chunks with a free unit, in address order */
   fm_chunk *full_chunks;   /* chunks without one: never searched */

@@ -209,10 +209,7 @@ static bool cache_holds_page_block(const fm_tcache *tc, const void *p) {
   return false;
 }
 
-/* Whether page block p, live as far as its span can tell, is in a thread's cache: freed.
- * Only a block with the mark can be (see tcache_marked_block_is_free). */
-static bool page_block_cached(const void *p) {
-  if (!mark_found(p, fm_mark)) return false;
+bool tcache_marked_page_block_is_free(const void *p) {
   if (cache_holds_page_block(&fm_tc, p)) return true;
   bool threaded = fm_threaded(), found = false;
   fm_lock(&pool_lock, threaded);
@@ -438,14 +435,12 @@ static void free_pages_slow(void *p) {
   if (!pages || tc->state != FM_TCACHE_LIVE) return arena_free_pages(p);
   large_path_sweep();   /* (it may give the cached blocks back: before reading them) */
   void *cached = tc->page_blocks[pages];
-  if (cached == p || page_block_cached(p)) os_fatal("free(): double free detected", p);
+  if (cached == p || tcache_page_block_is_free(p)) os_fatal("free(): double free detected", p);
   tc->activity[FM_CLASS_PAGES] |= BIN_OVERFLOWED;
   if (cached) return arena_free_pages(p);
   mark_set(p, fm_mark);
   __atomic_store_n(&tc->page_blocks[pages], p, __ATOMIC_RELEASE);
 }
-
-bool tcache_page_block_is_free(void *p) { return page_block_cached(p); }
 
 fm_arena *tcache_large_arena(void) {
   tcache_current();

@@ -141,8 +141,12 @@ static inline bool tcache_block_is_free(void *p, unsigned cls) {
  * of its length, else one from the thread's arena; NULL when the thread has no cache (not
  * set up, or exited) or the arena no memory. */
 void *tcache_malloc_pages(size_t size);
-/* Whether page block p, live as far as its span can tell, is freed: in a thread's cache. */
-bool tcache_page_block_is_free(void *p);
+/* Whether page block p, live as far as its span can tell, is freed: in a thread's cache.
+ * Only a block with the mark can be (see tcache_marked_block_is_free). */
+bool tcache_marked_page_block_is_free(const void *p);
+static inline bool tcache_page_block_is_free(const void *p) {
+  return mark_found(p, fm_mark) && tcache_marked_page_block_is_free(p);
+}
 
 /* Global set-up on the first call (before or without constructors); true when ready. */
 bool fm_init(void);
