@@ -19,10 +19,11 @@ static const uint8_t fm_unit_map_boot[1];
 const uint8_t *fm_unit_map = fm_unit_map_boot;
 uintptr_t fm_mark;
 
-/* The reservation behind fm_unit_map: it holds the entries of units map_first ..
- * map_first + map_units - 1 (all of them unless the window had to do). */
+/* The reservation behind fm_unit_map: it holds the entries of fm_unit_map_units units
+ * from unit fm_unit_map_first (all of them unless the window had to do; none before
+ * set-up, or when it failed). */
 static uint8_t *map_start;
-static size_t map_first, map_units;
+size_t fm_unit_map_first, fm_unit_map_units;
 
 /* Which pages of the reservation have been made writable (one bit a page). */
 static _Atomic uint64_t fm_unit_map_writable[FM_UNIT_MAP_PAGES / 64];
@@ -36,20 +37,20 @@ static const uintptr_t quiet_places[] = {0x200000000000, 0x300000000000, 0x10000
 
 /* Gives back a window at `at` and its zero page (see window_reserve_quiet). */
 static void window_release(uint8_t *at, size_t first) {
-  os_release_reserved(at, map_units);
+  os_release_reserved(at, fm_unit_map_units);
   if (first >= FM_PAGE_SIZE) os_release_reserved(at - first, FM_PAGE_SIZE);
 }
 
-/* Reserves the map's window (map_units entries from unit `first`) at the first quiet place
- * free, with the read-only zero page where the fast path's indexing puts units 0 .. 4095
- * (addresses below 256 MiB), so that free(NULL) reads "not ours" there (a window from unit
- * 0 holds those entries itself); NULL when no place is free. */
+/* Reserves the map's window (fm_unit_map_units entries from unit `first`) at the first
+ * quiet place free, with the read-only zero page where the fast path's indexing puts units
+ * 0 .. 4095 (addresses below 256 MiB), so that free(NULL) reads "not ours" there (a window
+ * from unit 0 holds those entries itself); NULL when no place is free. */
 static uint8_t *window_reserve_quiet(size_t first) {
   for (unsigned i = 0; i < sizeof quiet_places / sizeof quiet_places[0]; i++) {
     uint8_t *at = (uint8_t *)quiet_places[i];
-    if (!os_reserve_readonly_at(at, map_units)) continue;
+    if (!os_reserve_readonly_at(at, fm_unit_map_units)) continue;
     if (first < FM_PAGE_SIZE || os_reserve_readonly_at(at - first, FM_PAGE_SIZE)) return at;
-    os_release_reserved(at, map_units);
+    os_release_reserved(at, fm_unit_map_units);
   }
   return NULL;
 }
@@ -58,17 +59,18 @@ static uint8_t *window_reserve_quiet(size_t first) {
  * will be), the map in a quiet place; failing that, the map where the kernel put it, the
  * window moving by a page of units (256 MiB) at a time until the zero page's place is free. */
 static bool unit_map_window(void) {
-  map_units = FM_UNIT_MAP_WINDOW_UNITS;
-  uint8_t *probe = os_reserve_readonly(map_units);
+  fm_unit_map_units = FM_UNIT_MAP_WINDOW_UNITS;
+  uint8_t *probe = os_reserve_readonly(fm_unit_map_units);
   if (!probe) return false;
   size_t centre = (uintptr_t)probe >> FM_UNIT_SHIFT;
-  size_t first = centre > map_units / 2 ? centre - map_units / 2 : 0;
-  if (first > FM_UNIT_MAP_BYTES - map_units) first = FM_UNIT_MAP_BYTES - map_units;
+  size_t first = centre > fm_unit_map_units / 2 ? centre - fm_unit_map_units / 2 : 0;
+  if (first > FM_UNIT_MAP_BYTES - fm_unit_map_units)
+    first = FM_UNIT_MAP_BYTES - fm_unit_map_units;
   first &= ~(size_t)(FM_PAGE_SIZE - 1);   /* so the zero page's place is page-aligned */
   map_start = window_reserve_quiet(first);
   if (map_start) {
-    os_release_reserved(probe, map_units);
-    map_first = first;
+    os_release_reserved(probe, fm_unit_map_units);
+    fm_unit_map_first = first;
     return true;
   }
   map_start = probe;
@@ -79,47 +81,51 @@ static bool unit_map_window(void) {
     }
     if (os_reserve_readonly_at(map_start - first, FM_PAGE_SIZE)) break;
   }
-  map_first = first;
+  fm_unit_map_first = first;
   return true;
 }
 
-/* A window narrowed in place (map_start, map_first, map_units and the writable bitmap
- * already the window's) moves to a quiet place, as a windowed map set up under a limit
- * lies: the holes just given back around it are where new mappings, ours among them, go,
- * and a foreign pointer's entry would be read there. Its pages that hold entries are
- * copied; the old window and zero page go. Nothing changes when it cannot be done. */
+/* A window narrowed in place (map_start, fm_unit_map_first, fm_unit_map_units and the
+ * writable bitmap already the window's) moves to a quiet place, as a windowed map set up
+ * under a limit lies: the holes just given back around it are where new mappings, ours
+ * among them, go, and a foreign pointer's entry would be read there. Its pages that hold
+ * entries are copied; the old window and zero page go. Nothing changes when it cannot be
+ * done. */
 static void window_move_to_quiet_place(void) {
-  uint8_t *at = window_reserve_quiet(map_first);
+  uint8_t *at = window_reserve_quiet(fm_unit_map_first);
   if (!at) return;
-  for (size_t page = 0; page < map_units / FM_PAGE_SIZE; page++) {
+  for (size_t page = 0; page < fm_unit_map_units / FM_PAGE_SIZE; page++) {
     uint64_t bits = atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_relaxed);
     if (!(bits >> (page % 64) & 1)) continue;
     if (!os_make_writable(at + page * FM_PAGE_SIZE, FM_PAGE_SIZE)) {
-      window_release(at, map_first);
+      window_release(at, fm_unit_map_first);
       return;
     }
     memcpy(at + page * FM_PAGE_SIZE, map_start + page * FM_PAGE_SIZE, FM_PAGE_SIZE);
   }
-  fm_unit_map = at - map_first;
-  window_release(map_start, map_first);
+  fm_unit_map = at - fm_unit_map_first;
+  window_release(map_start, fm_unit_map_first);
   map_start = at;
 }
 
 bool fm_unit_map_init(void) {
   map_start = os_reserve_readonly(FM_UNIT_MAP_BYTES);
-  if (map_start)
-    map_units = FM_UNIT_MAP_BYTES;
-  else if (!unit_map_window())
+  if (map_start) {
+    fm_unit_map_units = FM_UNIT_MAP_BYTES;
+  } else if (!unit_map_window()) {
+    fm_unit_map_units = 0;
     return false;
+  }
   /* The fast path indexes fm_unit_map by unit number: a window's base lies before it. */
-  fm_unit_map = (const uint8_t *)((uintptr_t)map_start - map_first);
+  fm_unit_map = (const uint8_t *)((uintptr_t)map_start - fm_unit_map_first);
   return true;
 }
 
 size_t fm_unit_map_narrow(void) {
   enum { WINDOW_PAGES = FM_UNIT_MAP_WINDOW_UNITS / FM_PAGE_SIZE };
   enum { ALL_WORDS = FM_UNIT_MAP_PAGES / 64, WINDOW_WORDS = WINDOW_PAGES / 64 };
-  if (!map_start || map_units != FM_UNIT_MAP_BYTES || !os_address_space_limited()) return 0;
+  if (!map_start || fm_unit_map_units != FM_UNIT_MAP_BYTES || !os_address_space_limited())
+    return 0;
   /* The pages holding entries: every mapping of ours. */
   size_t low = FM_UNIT_MAP_PAGES, high = 0;
   for (size_t w = 0; w < ALL_WORDS; w++) {
@@ -151,26 +157,20 @@ size_t fm_unit_map_narrow(void) {
       bits = atomic_load_explicit(&fm_unit_map_writable[first / 64 + w], memory_order_relaxed);
     atomic_store_explicit(&fm_unit_map_writable[w], bits, memory_order_relaxed);
   }
-  map_first = first * FM_PAGE_SIZE;
-  map_start += map_first;
-  map_units = FM_UNIT_MAP_WINDOW_UNITS;
+  fm_unit_map_first = first * FM_PAGE_SIZE;
+  map_start += fm_unit_map_first;
+  fm_unit_map_units = FM_UNIT_MAP_WINDOW_UNITS;
   /* (The move takes as much address space as it gives back; when it cannot be made,
    * fm_unit_map stays: the entries keep their place.) */
   window_move_to_quiet_place();
   return released;
 }
 
-unsigned fm_unit_class_checked(const void *p) {
-  size_t unit = (uintptr_t)p >> FM_UNIT_SHIFT;
-  if (!map_start || unit < map_first || unit - map_first >= map_units) return 0;
-  return map_start[unit - map_first];
-}
-
 bool fm_unit_map_set(const void *start, size_t size, uint8_t cls) {
   if (!map_start) return false;   /* set-up failed: nothing is ours */
-  size_t first = ((uintptr_t)start >> FM_UNIT_SHIFT) - map_first;
-  size_t last = (((uintptr_t)start + size - 1) >> FM_UNIT_SHIFT) - map_first;
-  if (first > last || last >= map_units) return false;   /* outside the window */
+  size_t first = ((uintptr_t)start >> FM_UNIT_SHIFT) - fm_unit_map_first;
+  size_t last = (((uintptr_t)start + size - 1) >> FM_UNIT_SHIFT) - fm_unit_map_first;
+  if (first > last || last >= fm_unit_map_units) return false;   /* outside the window */
   for (size_t page = first / FM_PAGE_SIZE; page <= last / FM_PAGE_SIZE; page++) {
     uint64_t bit = (uint64_t)1 << (page % 64);
     if (atomic_load_explicit(&fm_unit_map_writable[page / 64], memory_order_acquire) & bit)

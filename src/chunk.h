@@ -86,8 +86,13 @@ bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);
 static fm_always_inline unsigned fm_unit_class(const void *p) {
   return fm_unit_map[(uintptr_t)p >> FM_UNIT_SHIFT];
 }
-/* The same for any pointer: 0 where the map does not reach. */
-unsigned fm_unit_class_checked(const void *p);
+/* The same for any pointer: 0 where the map does not reach (everywhere before set-up).
+ * The map holds the entries of units fm_unit_map_first .. + fm_unit_map_units - 1. */
+extern fm_hidden size_t fm_unit_map_first, fm_unit_map_units;
+static fm_always_inline unsigned fm_unit_class_checked(const void *p) {
+  size_t unit = (uintptr_t)p >> FM_UNIT_SHIFT;
+  return unit - fm_unit_map_first < fm_unit_map_units ? fm_unit_map[unit] : 0;
+}
 
 static inline fm_chunk *chunk_of(const void *p) {
   return (fm_chunk *)((uintptr_t)p & ~(uintptr_t)(FM_CHUNK_SIZE - 1));

@@ -282,7 +282,7 @@ static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
 }
 
 /* Sets up the calling thread's cache, or marks it dead when that is impossible. */
-static void tcache_thread_start(fm_tcache *tc) {
+static void tcache_thread_set_up(fm_tcache *tc) {
   if (!fm_init()) {
     tc->state = FM_TCACHE_DEAD;
     return;
@@ -300,6 +300,14 @@ static void tcache_thread_start(fm_tcache *tc) {
   /* Live before pthread_setspecific: it callocs for high key numbers. */
   tc->state = FM_TCACHE_LIVE;
   pthread_setspecific(thread_key, tc);
+}
+
+/* The set-up keeps errno: its libc calls (pthread_key_create, pthread_atfork,
+ * pthread_setspecific) may allocate, and a failed allocation sets it, within free too. */
+static void tcache_thread_start(fm_tcache *tc) {
+  int saved = errno;
+  tcache_thread_set_up(tc);
+  errno = saved;
 }
 
 static fm_tcache *tcache_current(void) {
@@ -429,7 +437,7 @@ void *tcache_malloc_pages(size_t size) {
  * back to its arena (giving back the cached block instead, to keep the newer one, cost a
  * store into a block long out of the CPU's cache: 3 % slower on medium). A pointer that
  * starts no live block gets the arena's verdict. */
-static void free_pages_slow(void *p) {
+static fm_noinline void free_pages_slow(void *p) {
   fm_tcache *tc = tcache_current();
   unsigned pages = page_block_pages(p);
   if (!pages || tc->state != FM_TCACHE_LIVE) return arena_free_pages(p);
@@ -622,12 +630,11 @@ bool tcache_marked_block_is_free(void *p, unsigned cls) {
   return tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p) || other_cache_holds(cls, p);
 }
 
-static void free_slow(void *p, unsigned cls) {
+static fm_noinline void free_slow(void *p, unsigned cls) {
   if (cls == 0) {
     if (p) os_fatal("free(): invalid pointer", p);
     return;
   }
-  if (cls == FM_CLASS_PAGES) return free_pages_slow(p);
   if (cls > FM_NUM_SPAN_CLASSES) {
     large_path_sweep();
     return cls == FM_CLASS_MAPPED ? large_free(p, thread_arena()) : arena_free_span_large(p);
@@ -644,11 +651,13 @@ static void free_slow(void *p, unsigned cls) {
   tcache_push(cls, tc->top[cls], p, fm_mark);
 }
 
+/* free never changes errno: the OS calls on its slow paths put it back (os.c), and so
+ * does a thread's set-up (tcache_thread_start), the only other place where it may be set. */
 void tcache_free_miss(void *p) {
-  if (!p) return;   /* free(NULL), common in cleanup code: before the errno and map work */
-  int saved = errno;   /* free never changes errno, whatever its slow path meets */
-  free_slow(p, fm_unit_class_checked(p));   /* 0 for any pointer before set-up */
-  errno = saved;
+  unsigned cls = fm_unit_class_checked(p);   /* 0 for NULL, and for any pointer before set-up */
+  /* A page block's own path, a tail call: it needs none of free_slow's stack frame. */
+  if (cls == FM_CLASS_PAGES) return free_pages_slow(p);
+  if (p) free_slow(p, cls);
 }
 
 /* Gives back what the heap holds empty: flushes the calling thread's cache, unmaps empty
