@@ -267,6 +267,7 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
     span->free_pages = UINT16_MAX;
     span->run_starts = 0;
     span->clean_pages = zeroed ? UINT16_MAX : 0;
+    span->touched_starts = 0;
     return span;
   }
   size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);

@@ -35,6 +35,8 @@ typedef struct fm_span {
       uint16_t free_pages;   /* pages in no block */
       uint16_t run_starts;   /* first pages of the blocks out */
       uint16_t clean_pages;  /* pages that read zero: not handed out since they were */
+      uint16_t touched_starts; /* pages that began a block since they were last clean:
+                                  resident, as the mark or the block's user wrote there */
     };
   };
   uint8_t cls;             /* size class, FM_CLASS_SPAN_LARGE or FM_CLASS_PAGES */
