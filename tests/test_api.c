@@ -3,6 +3,7 @@
  * allocators, malloc_usable_size, the __libc_ aliases and the fm_ extras. */
 #include "fm_test.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #define PTRDIFF_MAX_PLUS_1 ((size_t)PTRDIFF_MAX + 1)
@@ -98,7 +99,15 @@ static void test_malloc_impossible(void **state) {
   free(p);
 }
 
-/* free(NULL) is a no-op; free never changes errno: cache hit, cache flush, large, aligned. */
+/* A thread whose first call is free, which sets its cache up inside: errno as it was. */
+static void *free_first_in_thread(void *block) {
+  errno = 4242;
+  free(block);
+  return (void *)(intptr_t)errno;
+}
+
+/* free(NULL) is a no-op; free never changes errno: cache hit, cache flush, page blocks
+ * (cached, and to their arena), large, aligned, the first call of a thread. */
 static void test_free_keeps_errno(void **state) {
   enum { N = 20000 };
   void **blocks = calloc(N, sizeof *blocks);
@@ -112,6 +121,19 @@ static void test_free_keeps_errno(void **state) {
     free(blocks[i]);
     if (errno != 4242) fail_msg("free of block %d changed errno to %d", i, errno);
   }
+  for (int i = 0; i < 64; i++) assert_non_null(blocks[i] = malloc(8 * FMT_KIB + 1 + (size_t)i * 900));
+  for (int i = 0; i < 64; i++) {
+    errno = 4242;
+    free(blocks[i]);
+    if (errno != 4242) fail_msg("free of page block %d changed errno to %d", i, errno);
+  }
+  pthread_t thread;
+  void *result;
+  void *block = malloc(100);
+  assert_non_null(block);
+  assert_int_equal(pthread_create(&thread, NULL, free_first_in_thread, block), 0);
+  assert_int_equal(pthread_join(thread, &result), 0);
+  assert_int_equal((intptr_t)result, 4242);
   const size_t big[] = {64 * FMT_KIB, FMT_MIB, 16 * FMT_MIB};
   for (unsigned i = 0; i < 3; i++) {
     void *p = malloc(big[i]);
