@@ -630,11 +630,9 @@ bool tcache_marked_block_is_free(void *p, unsigned cls) {
   return tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p) || other_cache_holds(cls, p);
 }
 
+/* free of p, not NULL, whose unit-map class is cls (not a page block's). */
 static fm_noinline void free_slow(void *p, unsigned cls) {
-  if (cls == 0) {
-    if (p) os_fatal("free(): invalid pointer", p);
-    return;
-  }
+  if (cls == 0) os_fatal("free(): invalid pointer", p);
   if (cls > FM_NUM_SPAN_CLASSES) {
     large_path_sweep();
     return cls == FM_CLASS_MAPPED ? large_free(p, thread_arena()) : arena_free_span_large(p);
