@@ -573,14 +573,8 @@ static uint32_t page_fit_starts(const fm_span *span, unsigned pages, uint32_t al
 static fm_always_inline void page_span_unlist(fm_arena *arena, fm_span *span) {
   unsigned runs = span->listed;
   if (!runs) return;
-  fm_span *next = span->next, *prev = span->prev;
-  if (next) next->prev = prev;
-  if (prev) {
-    prev->next = next;
-  } else {
-    arena->page_spans[runs] = next;
-    if (!next) arena->page_span_runs &= ~(1u << runs);
-  }
+  LIST_REMOVE(&arena->page_spans[runs], span);
+  if (!arena->page_spans[runs]) arena->page_span_runs &= ~(1u << runs);
   span->listed = 0;
 }
 
@@ -723,7 +717,7 @@ size_t arena_block_usable_size(const void *p, unsigned cls) {
     fm_arena *arena = span->arena;
     bool threaded = fm_threaded();
     fm_lock(&arena->lock, threaded);   /* (other blocks of the span change its masks) */
-    size_t usable = page_block_at(span, p) ? FM_PAGE_SIZE * page_run_length(span, page_index(p)) : 0;
+    size_t usable = FM_PAGE_SIZE * page_block_pages(p);
     fm_unlock(&arena->lock, threaded);
     return usable;
   }

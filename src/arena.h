@@ -53,9 +53,9 @@ void arena_free_span_large(void *p);
  * there (or would pass the span-large limit). */
 bool arena_resize_span_large(void *p, size_t size);
 /* A block of `size` bytes (at most FM_UNIT_SIZE) that starts `align` aligned (a power of
- * two, at most FM_UNIT_SIZE), as a run of pages of a page span: the lowest free run that
- * holds it in a span whose longest free run is the shortest that does, else an empty
- * span. NULL when out of memory; *zeroed says its pages read zero. */
+ * two, at most FM_UNIT_SIZE), as a run of pages of a page span (where, see
+ * arena_alloc_pages), else of an empty span. NULL when out of memory; *zeroed says its
+ * pages read zero. */
 void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed);
 void arena_free_pages(void *p);
 /* Resizes live block p of a page span in place to hold size bytes (at most

@@ -184,9 +184,23 @@ static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
   return false;
 }
 
-/* Whether another live thread's bin cls holds p. Those bins change under us (pops, pushes,
- * moves to a wider layout), so tcache_bin_holds reads a bin's range as one pair and each
- * slot once: a range read across a move still lies in that thread's bins' array, which
+/* Whether cache tc (maybe another thread's, changing under us) holds page block p: each
+ * slot read once. */
+static bool cache_holds_page_block(const fm_tcache *tc, const void *p) {
+  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
+    if (__atomic_load_n(&tc->page_blocks[pages], __ATOMIC_ACQUIRE) == p) return true;
+  return false;
+}
+
+/* Whether cache tc holds block p of class cls: in its bin, or for FM_CLASS_PAGES among
+ * its page blocks. */
+static bool cache_holds(const fm_tcache *tc, unsigned cls, const void *p) {
+  return cls == FM_CLASS_PAGES ? cache_holds_page_block(tc, p) : tcache_bin_holds(tc, cls, p);
+}
+
+/* Whether another live thread's cache holds p, of class cls (cache_holds). Those bins
+ * change under us (pops, pushes, moves to a wider layout), so tcache_bin_holds reads a
+ * bin's range as one pair and each slot once: a range read across a move still lies in that thread's bins' array, which
  * stays mapped while the thread is listed. What keeps a live block from being found: a
  * bin's range [low, top) takes a block only once its slot is written (tcache_push), and
  * gives it up before the block goes back to its span (tcache_flush_oldest, bin_move_all,
@@ -196,27 +210,13 @@ static bool other_cache_holds(unsigned cls, const void *p) {
   bool threaded = fm_threaded(), found = false;
   fm_lock(&pool_lock, threaded);
   for (fm_tcache *tc = live_caches; tc && !found; tc = tc->live_next)
-    found = tc != &fm_tc && tcache_bin_holds(tc, cls, p);
+    found = tc != &fm_tc && cache_holds(tc, cls, p);
   fm_unlock(&pool_lock, threaded);
   return found;
-}
-
-/* Whether cache tc (maybe another thread's, changing under us) holds page block p: each
- * slot read once. */
-static bool cache_holds_page_block(const fm_tcache *tc, const void *p) {
-  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
-    if (__atomic_load_n(&tc->page_blocks[pages], __ATOMIC_ACQUIRE) == p) return true;
-  return false;
 }
 
 bool tcache_marked_page_block_is_free(const void *p) {
-  if (cache_holds_page_block(&fm_tc, p)) return true;
-  bool threaded = fm_threaded(), found = false;
-  fm_lock(&pool_lock, threaded);
-  for (fm_tcache *tc = live_caches; tc && !found; tc = tc->live_next)
-    found = tc != &fm_tc && cache_holds_page_block(tc, p);
-  fm_unlock(&pool_lock, threaded);
-  return found;
+  return cache_holds_page_block(&fm_tc, p) || other_cache_holds(FM_CLASS_PAGES, p);
 }
 
 /* Unmaps the pooled bins' arrays of finished threads (malloc_trim); returns the bytes. */
