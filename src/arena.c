@@ -393,29 +393,9 @@ static fm_always_inline void word_store(uint64_t *bits, uint32_t word_index, uin
   if (word_index != NO_WORD) bits[word_index] = word;
 }
 
-/* The span a flush is giving blocks back to: what the blocks given back so far change. */
-typedef struct span_run {
-  fm_span *span;      /* NULL before the first block */
-  uint32_t low_word;  /* the lowest bitmap word given a free bit */
-  size_t from;        /* blocks[from ..] went to it, but those that moved to the front */
-  size_t pending;     /* how many had moved to the front (other arenas') at `from` */
-} span_run;
-
-static fm_always_inline void span_run_start(span_run *run, fm_span *span, size_t i, size_t pending) {
-  run->span = span;
-  run->low_word = span->scan;
-  run->from = i;
-  run->pending = pending;
-}
-
-/* Ends the run at blocks[i], pending blocks having moved to the front. */
-static void span_run_end(fm_arena *arena, const span_run *run, size_t i, size_t pending) {
-  fm_span *span = run->span;
-  if (!span) return;
-  span->scan = (uint16_t)run->low_word;
-  span->used -= (uint32_t)((i - run->from) - (pending - run->pending));
-  if (!span->listed) partial_push(arena, span);
-  if (span->used == 0) arena_span_emptied(arena, span);
+/* Ends a flush's visit to span: an emptied span goes to the kept spans. */
+static void span_flush_done(fm_arena *arena, fm_span *span) {
+  if (span && span->used == 0) arena_span_emptied(arena, span);
 }
 
 /* The span of a block a thread cache gives back. The cache took the block on the unit
@@ -437,11 +417,12 @@ void arena_free_blocks(void **blocks, size_t n) {
   while (n) {
     fm_arena *arena = cached_block_span(blocks[0])->arena;
     size_t pending = 0;
-    span_run run = {.span = NULL};
     /* The current span's fields the loop reads, and the bitmap word the last block fell
      * in, in locals, so in registers: most blocks a cache gives back share a word with the
      * one before, and then neither load nor store it. The word is stored when a block
-     * falls in another, and when the run ends. */
+     * falls in another, and when the span changes. A change of span is common (a tree's
+     * nodes freed in key order fall in a span each): it costs the lookup and little more. */
+    fm_span *span = NULL;
     char *start = NULL;
     size_t len = 0, size = 0;
     uint32_t magic = 0, word_index = NO_WORD;
@@ -449,16 +430,17 @@ void arena_free_blocks(void **blocks, size_t n) {
     fm_lock(&arena->lock, threaded);
     for (size_t i = 0; i < n; i++) {
       void *p = blocks[i];
-      size_t offset = (uintptr_t)p - (uintptr_t)start;   /* any p, before the first run */
+      size_t offset = (uintptr_t)p - (uintptr_t)start;   /* any p, before the first span */
       if (offset >= len) {
-        fm_span *span = cached_block_span(p);
-        if (span->arena != arena) {
+        fm_span *next = cached_block_span(p);
+        if (next->arena != arena) {
           blocks[pending++] = p;
           continue;
         }
         word_store(bits, word_index, word);
-        span_run_end(arena, &run, i, pending);
-        span_run_start(&run, span, i, pending);
+        span_flush_done(arena, span);
+        span = next;
+        if (!span->listed) partial_push(arena, span);
         start = span->start;
         len = span_blocks_len(span);
         size = span->block_size;
@@ -474,12 +456,13 @@ void arena_free_blocks(void **blocks, size_t n) {
         word_store(bits, word_index, word);
         word_index = index / 64;
         word = bits[word_index];
-        if (word_index < run.low_word) run.low_word = word_index;
+        if (word_index < span->scan) span->scan = (uint16_t)word_index;
       }
       if (fm_unlikely(bit_test_and_set(&word, index))) os_fatal("free(): double free detected", p);
+      span->used--;
     }
     word_store(bits, word_index, word);
-    span_run_end(arena, &run, n, pending);
+    span_flush_done(arena, span);
     arena_unlock_after_free(arena, threaded);
     n = pending;
   }
