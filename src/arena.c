@@ -265,30 +265,32 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
         want = 1;
       }
     }
-    void **next = out + got, **end = out + want;
+    /* out[] fills downward from out[want - got - 1]: the lowest block ends on top */
+    void **next = out + (want - got);
     /* base: the block of bit 0 of word w, a local as the stores to out[] might alias
      * span->start; 32-bit offsets within a word, which need no sign extension */
     char *base = span->start + (size_t)w * 64 * size;
     for (; w < words; w++, base += 64 * size) {
       uint64_t word = bits[w];
-      while (word && next < end) {
-        *next++ = base + (uint32_t)__builtin_ctzll(word) * (uint32_t)size;
+      while (word && next > out) {
+        *--next = base + (uint32_t)__builtin_ctzll(word) * (uint32_t)size;
         word &= word - 1;
       }
       bits[w] = word;
-      if (next == end) break;
+      if (next == out) break;
     }
-    uint32_t taken = (uint32_t)(next - (out + got));
+    uint32_t taken = (uint32_t)(out + (want - got) - next);
     span->scan = (uint16_t)w;
     fm_assert(taken > 0);   /* a listed span has a free block */
-    /* (in address order: the last block is the furthest one) */
-    uint32_t last = (uint32_t)((char *)next[-1] - span->start) / (uint32_t)size;
+    /* (the last block taken is the furthest one) */
+    uint32_t last = (uint32_t)((char *)next[0] - span->start) / (uint32_t)size;
     if (last >= span->fresh) span->fresh = (uint16_t)(last + 1);
     got += taken;
     span->used += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
   }
   fm_unlock(&arena->lock, threaded);
+  if (got < want) memmove(out, out + (want - got), got * sizeof(void *));
   return got;
 }
 
@@ -734,22 +736,26 @@ static bool blocks_all_free(const uint64_t *bits, uint32_t first, uint32_t last)
  * of those that were resident, so a second trim with nothing new to give back says so. */
 static size_t span_purge_free_pages(fm_span *span) {
   size_t size = span->block_size, released = 0;
-  char *start = span->start;
+  char *base = span_base(span);
+  size_t color = (size_t)(span->start - base);   /* no block lies below it */
   const uint64_t *bits = span_free_bits(span);
-  size_t pages = span_blocks_len(span) / FM_PAGE_SIZE, run = 0, run_resident = 0;
+  size_t pages = (color + span_blocks_len(span)) / FM_PAGE_SIZE, run = 0, run_resident = 0;
   unsigned char resident[FM_SPAN_MAX_UNITS * FM_UNIT_SIZE / FM_PAGE_SIZE];
-  if (!os_resident_pages(start, pages * FM_PAGE_SIZE, resident)) memset(resident, 1, pages);
+  if (!os_resident_pages(base, pages * FM_PAGE_SIZE, resident)) memset(resident, 1, pages);
   for (size_t page = 0; page <= pages; page++) {
     bool purgeable = false;
     if (page < pages) {
-      size_t from = page * FM_PAGE_SIZE, to = from + FM_PAGE_SIZE - 1;
-      purgeable = blocks_all_free(bits, (uint32_t)(from / size), (uint32_t)(to / size));
+      /* the blocks' bytes on this page, from the span's start */
+      size_t end = (page + 1) * FM_PAGE_SIZE - color, from = page * FM_PAGE_SIZE;
+      from = from > color ? from - color : 0;
+      purgeable = end == 0 ||
+                  blocks_all_free(bits, (uint32_t)(from / size), (uint32_t)((end - 1) / size));
     }
     if (purgeable) {
       run++;
       run_resident += resident[page] & 1;
     } else if (run) {
-      if (run_resident) os_purge(start + (page - run) * FM_PAGE_SIZE, run * FM_PAGE_SIZE);
+      if (run_resident) os_purge(base + (page - run) * FM_PAGE_SIZE, run * FM_PAGE_SIZE);
       released += run_resident * FM_PAGE_SIZE;
       run = run_resident = 0;
     }
@@ -765,7 +771,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
       next = span->next;
       if (all || span->empty_since + 2 <= arena->purge_epoch) {
         kept_remove(arena, span);
-        bool purged = pages && os_purge(span->start, span_bytes(span));
+        bool purged = pages && os_purge(span_base(span), span_bytes(span));
         if (purged) released += span_bytes(span);
         arena_give_back_span(arena, span, purged);
       }

@@ -220,9 +220,28 @@ static void span_set_all_free(fm_span *span) {
   span->scan = 0;
 }
 
-/* The span's stride, the blocks it holds, and the reciprocal that finds a block's index. */
+/* Where a span of small blocks puts its first block: 0-960 bytes in, by class (rounded up
+ * to a multiple of the largest power of two that divides the stride, so every block keeps
+ * the alignment its class promises, fm_size_class_aligned; none for strides of whole
+ * pages). Spans start 64 KiB aligned and a refill hands out a span's lowest free blocks
+ * first (arena_alloc_batch), so without it the blocks a program uses most, of every class,
+ * would share the low bits of their addresses, by which the CPU's caches and its checks of
+ * loads against earlier stores index them: churn took 1.10 x the time (30 interleaved
+ * pairs). It costs a span at most 960 bytes of blocks (the exact-stride twins of the
+ * 1-8 KiB classes: one block). */
+static size_t span_color(unsigned cls, size_t stride) {
+  size_t align = stride & (~stride + 1);
+  if (cls > FM_NUM_SPAN_CLASSES || align >= FM_PAGE_SIZE) return 0;
+  size_t color = (size_t)(cls * 5 % 16) * 64;
+  return (color + align - 1) & ~(align - 1);
+}
+
+/* The span's stride, the blocks it holds after its colour, and the reciprocal that finds
+ * a block's index. */
 static void span_set_block_size(fm_span *span, size_t block) {
-  span->capacity = (uint32_t)(span_bytes(span) / block);
+  size_t color = span_color(span->cls, block);
+  span->start = span_base(span) + color;
+  span->capacity = (uint32_t)((span_bytes(span) - color) / block);
   span->block_size = (uint32_t)block;
   /* offset / 16 < 2^15 and block / 16 <= 2^11: a 32-bit reciprocal is exact here. */
   span->index_magic = (uint32_t)((((uint64_t)1 << 31) + block / 16 - 1) / (block / 16));

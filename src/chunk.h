@@ -108,6 +108,11 @@ static inline fm_span *span_of(const void *p) {
 
 static inline size_t span_bytes(const fm_span *span) { return (size_t)span->units * FM_UNIT_SIZE; }
 
+/* The span's first unit: its start, unless a small-class span's colour moved that on. */
+static inline char *span_base(const fm_span *span) {
+  return (char *)((uintptr_t)span->start & ~(uintptr_t)(FM_UNIT_SIZE - 1));
+}
+
 static inline uint64_t *span_free_bits(fm_span *span) {
   fm_chunk *chunk = chunk_of(span);
   return chunk->free_bits[span - chunk->spans];

@@ -48,8 +48,9 @@ static unsigned twin_of(unsigned cls) {
 
 unsigned fm_size_class_aligned(size_t size, size_t align) {
   if (size > FM_SMALL_MAX || align > FM_SMALL_MAX) return 0;
-  /* Spans start 64 KiB aligned, so a class whose stride is a multiple of align has
-   * every block aligned. */
+  /* A span's first block is aligned to the largest power of two that divides the stride
+   * (its colour keeps that, see chunk.c), so a class whose stride is a multiple of align
+   * has every block aligned. */
   for (unsigned cls = fm_size_class_formula(size < align ? align : size);
        cls <= FM_NUM_CLASSES; cls++) {
     if (fm_class_stride[cls] % align == 0) return cls;
