@@ -745,11 +745,10 @@ static size_t span_purge_free_pages(fm_span *span) {
   for (size_t page = 0; page <= pages; page++) {
     bool purgeable = false;
     if (page < pages) {
-      /* the blocks' bytes on this page, from the span's start */
+      /* the blocks' bytes on this page, from the span's start (a colour is under 4 KiB) */
       size_t end = (page + 1) * FM_PAGE_SIZE - color, from = page * FM_PAGE_SIZE;
       from = from > color ? from - color : 0;
-      purgeable = end == 0 ||
-                  blocks_all_free(bits, (uint32_t)(from / size), (uint32_t)((end - 1) / size));
+      purgeable = blocks_all_free(bits, (uint32_t)(from / size), (uint32_t)((end - 1) / size));
     }
     if (purgeable) {
       run++;
