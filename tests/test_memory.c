@@ -70,6 +70,35 @@ static void test_trim_lowers_rss(void **state) {
     fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
 }
 
+/* Small blocks, each size class's spans starting at an offset of their own (chunk.c). */
+static size_t small_size(unsigned i) { return 16 + (i * 37) % 241; }
+
+/* malloc_trim(0) also purges the whole pages of free blocks inside spans that keep a live
+ * block: with one block in 1000 kept, nearly every page of the heap goes back, the kept
+ * blocks' contents stay. */
+static void test_trim_purges_partly_used_spans(void **state) {
+  malloc_trim(0);
+  size_t rss0 = fmt_rss();
+  size_t total = build_heap_of(small_size, 0x3C);
+  for (unsigned i = 0; i < HEAP_BLOCKS; i++)
+    if (i % 1000) {
+      free(heap[i]);
+      heap[i] = NULL;
+    } else {
+      fmt_fill(heap[i], small_size(i), i);
+    }
+  assert_int_equal(malloc_trim(0), 1);
+  size_t rss1 = fmt_rss();
+  print_message("heap %zu: rss %zu -> %zu after freeing 999 of 1000 and malloc_trim\n", total, rss0, rss1);
+  if (rss1 > rss0 + total / 4)
+    fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss1, rss0, total);
+  for (unsigned i = 0; i < HEAP_BLOCKS; i += 1000) {
+    if (!fmt_check(heap[i], small_size(i), i)) fail_msg("kept block %u changed by a purge", i);
+    free(heap[i]);
+    heap[i] = NULL;
+  }
+}
+
 /* Goes on allocating a little (`count` blocks of `size` bytes, at most 4096, every 10 ms,
  * for at most 1000 rounds: 100 purge delays, a bound on progress, not a timing) until at
  * most `bound` bytes are mapped; returns the mapped bytes then. */
@@ -446,6 +475,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_trim_lowers_rss),
+      cmocka_unit_test(test_trim_purges_partly_used_spans),
       cmocka_unit_test(test_freed_heap_unmapped_without_trim),
       cmocka_unit_test(test_freed_heap_unmapped_while_its_spans_cycle),
       cmocka_unit_test(test_freed_heap_unmapped_with_large_blocks_only),
