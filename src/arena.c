@@ -597,11 +597,12 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
     uint32_t fits = 0;
     while (listed && !(fits = page_fit_starts(listed, pages, align_starts))) listed = listed->next;
     if (!listed) continue;
-    if (!span || (fits & listed->touched_starts)) {
+    bool touched = fits & listed->touched_starts;
+    if (touched || !span) {
       span = listed;
       starts = fits;
     }
-    if (starts & span->touched_starts) break;
+    if (touched) break;
   }
   int first = 0;   /* (an empty span's run from page 0 has any alignment up to the unit) */
   if (span) {

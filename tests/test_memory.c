@@ -9,11 +9,14 @@
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
 
+/* Small blocks, of 16-256 bytes. */
+static size_t small_size(unsigned i) { return 16 + (i * 37) % 241; }
+
 /* Mixed sizes: mostly small, some span-sized, a few large blocks. */
 static size_t heap_size(unsigned i) {
   if (i % 3000 == 2999) return 128 * FMT_KIB + (i * 7919) % (896 * FMT_KIB);
   if (i % 100 == 99) return 4 * FMT_KIB + (i * 131) % (28 * FMT_KIB);
-  return 16 + (i * 37) % 241;
+  return small_size(i);
 }
 
 static void shuffle(unsigned *order, unsigned n, uint64_t seed) {
@@ -69,9 +72,6 @@ static void test_trim_lowers_rss(void **state) {
   if (rss2 > rss0 + total / 4)
     fail_msg("after malloc_trim RSS is %zu, was %zu before a %zu-byte heap", rss2, rss0, total);
 }
-
-/* Small blocks, each size class's spans starting at an offset of their own (chunk.c). */
-static size_t small_size(unsigned i) { return 16 + (i * 37) % 241; }
 
 /* malloc_trim(0) also purges the whole pages of free blocks inside spans that keep a live
  * block: with one block in 1000 kept, nearly every page of the heap goes back, the kept
