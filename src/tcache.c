@@ -200,12 +200,13 @@ static bool cache_holds(const fm_tcache *tc, unsigned cls, const void *p) {
 
 /* Whether another live thread's cache holds p, of class cls (cache_holds). Those bins
  * change under us (pops, pushes, moves to a wider layout), so tcache_bin_holds reads a
- * bin's range as one pair and each slot once: a range read across a move still lies in that thread's bins' array, which
- * stays mapped while the thread is listed. What keeps a live block from being found: a
- * bin's range [low, top) takes a block only once its slot is written (tcache_push), and
- * gives it up before the block goes back to its span (tcache_flush_oldest, bin_move_all,
- * tcache_flush_all) or to the program (tcache_pop); a move brings a bin's blocks into the
- * old range of a bin of another class, whose blocks lie in other spans. */
+ * bin's range as one pair and each slot once: a range read across a move still lies in
+ * that thread's bins' array, which stays mapped while the thread is listed. What keeps a
+ * live block from being found: a bin's range [low, top) takes a block only once its slot
+ * is written (tcache_push), and gives it up before the block goes back to its span
+ * (tcache_flush_oldest, bin_move_all, tcache_flush_all) or to the program (tcache_pop); a
+ * move brings a bin's blocks into the old range of a bin of another class, whose blocks
+ * lie in other spans. */
 static bool other_cache_holds(unsigned cls, const void *p) {
   bool threaded = fm_threaded(), found = false;
   fm_lock(&pool_lock, threaded);
