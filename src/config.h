@@ -20,6 +20,12 @@
  * (a variant for measuring what the mark costs), a double free is caught only when the
  * thread's cache gives the block back to its span, and not at all if malloc hands the block
  * out again first. */
+/* Export the C heap's names (malloc, free, ...) besides the fm_ ones. Off only for the
+ * sanitizer builds, whose runtimes keep the C heap for themselves. */
+#ifndef FM_LIBC_NAMES
+#define FM_LIBC_NAMES 1
+#endif
+
 #ifndef FM_FREE_MARK
 #define FM_FREE_MARK 1
 #endif

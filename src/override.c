@@ -19,9 +19,9 @@
  * size of the code linked before them: such shifts alone moved bench-malloc-thread by 2-6 %. */
 #define FM_HOT_ENTRY __attribute__((aligned(64)))
 
-fm_api FM_HOT_ENTRY void *malloc(size_t size) { return tcache_malloc(size); }
+fm_api FM_HOT_ENTRY void *fm_malloc(size_t size) { return tcache_malloc(size); }
 
-fm_api FM_HOT_ENTRY void free(void *p) { tcache_free(p); }
+fm_api FM_HOT_ENTRY void fm_free(void *p) { tcache_free(p); }
 
 /* What a large block is for: LARGE_ZEROED, calloc (fresh mappings, and spans of units
  * never used or purged since, are zero already); LARGE_GROWING, a block realloc grows,
@@ -80,7 +80,7 @@ void *fm_malloc_untabled(size_t size) {
   return tcache_malloc_class(fm_size_class(size), size, true);
 }
 
-fm_api void *calloc(size_t count, size_t size) {
+fm_api void *fm_calloc(size_t count, size_t size) {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) {
     errno = ENOMEM;
@@ -109,7 +109,7 @@ static size_t usable_size(void *p, unsigned cls, const char *op) {
  * LARGE_GROWING); smaller ones are cheap to copy. */
 #define REALLOC_MAPPED_MIN ((size_t)256 << 10)
 
-fm_api void *realloc(void *p, size_t size) {
+fm_api void *fm_realloc(void *p, size_t size) {
   if (!p) return tcache_malloc(size);
   if (size == 0) {
     tcache_free(p);
@@ -149,13 +149,13 @@ fm_api void *realloc(void *p, size_t size) {
   return q;
 }
 
-fm_api void *reallocarray(void *p, size_t count, size_t size) {
+void *fm_reallocarray(void *p, size_t count, size_t size) {
   size_t total;
   if (__builtin_mul_overflow(count, size, &total)) {
     errno = ENOMEM;
     return NULL;
   }
-  return realloc(p, total);
+  return fm_realloc(p, total);
 }
 
 /* align: a power of two. Small aligned blocks come from a size class whose blocks are
@@ -168,7 +168,7 @@ static void *aligned_block(size_t align, size_t size) {
 }
 
 /* glibc 2.36 memalign/aligned_alloc: any alignment, rounded up to a power of two. */
-fm_api void *memalign(size_t align, size_t size) {
+fm_api void *fm_aligned_alloc(size_t align, size_t size) {
   if (align > SIZE_MAX / 2 + 1) {
     errno = EINVAL;
     return NULL;
@@ -177,7 +177,7 @@ fm_api void *memalign(size_t align, size_t size) {
   return aligned_block(align, size);
 }
 
-fm_api int posix_memalign(void **out, size_t align, size_t size) {
+fm_api int fm_posix_memalign(void **out, size_t align, size_t size) {
   if (align < sizeof(void *) || (align & (align - 1))) return EINVAL;
   int saved = errno;
   void *p = aligned_block(align, size);
@@ -187,9 +187,9 @@ fm_api int posix_memalign(void **out, size_t align, size_t size) {
   return 0;
 }
 
-fm_api void *valloc(size_t size) { return aligned_block(FM_PAGE_SIZE, size); }
+void *fm_valloc(size_t size) { return aligned_block(FM_PAGE_SIZE, size); }
 
-fm_api void *pvalloc(size_t size) {
+void *fm_pvalloc(size_t size) {
   if (size > SIZE_MAX - FM_PAGE_SIZE) {
     errno = ENOMEM;
     return NULL;
@@ -197,18 +197,18 @@ fm_api void *pvalloc(size_t size) {
   return aligned_block(FM_PAGE_SIZE, (size + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1));
 }
 
-fm_api size_t malloc_usable_size(void *p) {
+fm_api size_t fm_malloc_usable_size(void *p) {
   return p ? usable_size(p, fm_unit_class_checked(p), "malloc_usable_size(): invalid pointer") : 0;
 }
 
-fm_api int malloc_trim(size_t pad) { return tcache_trim() > 0; }
+int fm_malloc_trim(size_t pad) { return tcache_trim() > 0; }
 
-fm_api int mallopt(int param, int value) { return 1; }   /* accepted; nothing to tune */
+int fm_mallopt(int param, int value) { return 1; }   /* accepted; nothing to tune */
 
 /* arena: every byte mapped; hblks, hblkhd: the large blocks in mappings of their own and
  * those mappings' bytes; uordblks: the bytes of every block out, blocks in thread caches
  * included, and of those mappings; fordblks: the rest of what is mapped. */
-fm_api struct mallinfo2 mallinfo2(void) {
+struct mallinfo2 fm_mallinfo2(void) {
   struct mallinfo2 info = {0};
   if (!fm_init()) return info;
   large_live(&info.hblks, &info.hblkhd);
@@ -220,8 +220,8 @@ fm_api struct mallinfo2 mallinfo2(void) {
 
 static int saturated_int(size_t n) { return n > INT32_MAX ? INT32_MAX : (int)n; }
 
-fm_api struct mallinfo mallinfo(void) {
-  struct mallinfo2 wide = mallinfo2();
+struct mallinfo fm_mallinfo(void) {
+  struct mallinfo2 wide = fm_mallinfo2();
   return (struct mallinfo){.arena = saturated_int(wide.arena),
                            .hblks = saturated_int(wide.hblks),
                            .hblkhd = saturated_int(wide.hblkhd),
@@ -229,8 +229,8 @@ fm_api struct mallinfo mallinfo(void) {
                            .fordblks = saturated_int(wide.fordblks)};
 }
 
-fm_api void malloc_stats(void) {
-  struct mallinfo2 info = mallinfo2();
+void fm_malloc_stats(void) {
+  struct mallinfo2 info = fm_mallinfo2();
   char line[96];
   char *room = line + sizeof line - 22;   /* for a number and "\n" */
   char *end = os_format_u64(os_append(line, room, "fastmalloc: mapped bytes = "), info.arena, 10);
@@ -241,7 +241,7 @@ fm_api void malloc_stats(void) {
 }
 
 /* The caller's stream may allocate its buffer: that re-enters malloc outside any lock. */
-fm_api int malloc_info(int options, FILE *stream) {
+int fm_malloc_info(int options, FILE *stream) {
   if (options != 0) return EINVAL;
   char text[128];
   char *room = text + sizeof text - 1;   /* for the NUL */
@@ -252,13 +252,6 @@ fm_api int malloc_info(int options, FILE *stream) {
   return fputs(text, stream) < 0 ? -1 : 0;
 }
 
-/* Hooks glibc's static fork and thread exit call in its own malloc: ours are installed
- * with pthread_atfork and a thread key instead. */
-fm_api void __malloc_fork_lock_parent(void) {}
-fm_api void __malloc_fork_unlock_parent(void) {}
-fm_api void __malloc_fork_unlock_child(void) {}
-fm_api void __malloc_arena_thread_freeres(void) {}
-fm_api void *__glibc_morecore(ptrdiff_t increment) { return NULL; }
 
 /* The public extras. */
 fm_api const char *fm_version(void) { return FASTMALLOC_VERSION_STRING; }
@@ -271,38 +264,58 @@ fm_api size_t fm_mapped_bytes(void) { return os_mapped_bytes(); }
 
 fm_api int fm_trim(void) { return tcache_trim() > 0; }
 
-fm_api void *aligned_alloc(size_t align, size_t size) FM_ALIAS(memalign);
-fm_api void cfree(void *p) FM_ALIAS(free);
+/* The C heap's names. A build with FM_LIBC_NAMES=OFF exports the fm_ names alone, so a
+ * sanitizer's runtime (or glibc) keeps malloc and the tests reach fastmalloc through fm_. */
+#if FM_LIBC_NAMES
+void *malloc(size_t) FM_ALIAS(fm_malloc);
+void *__libc_malloc(size_t) FM_ALIAS(fm_malloc);
+void *__malloc(size_t) FM_ALIAS(fm_malloc);
+void free(void *) FM_ALIAS(fm_free);
+void cfree(void *) FM_ALIAS(fm_free);
+void __libc_free(void *) FM_ALIAS(fm_free);
+void __free(void *) FM_ALIAS(fm_free);
+void *calloc(size_t, size_t) FM_ALIAS(fm_calloc);
+void *__libc_calloc(size_t, size_t) FM_ALIAS(fm_calloc);
+void *__calloc(size_t, size_t) FM_ALIAS(fm_calloc);
+void *realloc(void *, size_t) FM_ALIAS(fm_realloc);
+void *__libc_realloc(void *, size_t) FM_ALIAS(fm_realloc);
+void *__realloc(void *, size_t) FM_ALIAS(fm_realloc);
+void *reallocarray(void *, size_t, size_t) FM_ALIAS(fm_reallocarray);
+void *memalign(size_t, size_t) FM_ALIAS(fm_aligned_alloc);
+void *aligned_alloc(size_t, size_t) FM_ALIAS(fm_aligned_alloc);
+void *__libc_memalign(size_t, size_t) FM_ALIAS(fm_aligned_alloc);
+void *__memalign(size_t, size_t) FM_ALIAS(fm_aligned_alloc);
+int posix_memalign(void **, size_t, size_t) FM_ALIAS(fm_posix_memalign);
+int __posix_memalign(void **, size_t, size_t) FM_ALIAS(fm_posix_memalign);
+void *valloc(size_t) FM_ALIAS(fm_valloc);
+void *__libc_valloc(size_t) FM_ALIAS(fm_valloc);
+void *__valloc(size_t) FM_ALIAS(fm_valloc);
+void *pvalloc(size_t) FM_ALIAS(fm_pvalloc);
+void *__libc_pvalloc(size_t) FM_ALIAS(fm_pvalloc);
+void *__pvalloc(size_t) FM_ALIAS(fm_pvalloc);
+size_t malloc_usable_size(void *) FM_ALIAS(fm_malloc_usable_size);
+size_t __malloc_usable_size(void *) FM_ALIAS(fm_malloc_usable_size);
+int malloc_trim(size_t) FM_ALIAS(fm_malloc_trim);
+int __malloc_trim(size_t) FM_ALIAS(fm_malloc_trim);
+int mallopt(int, int) FM_ALIAS(fm_mallopt);
+int __libc_mallopt(int, int) FM_ALIAS(fm_mallopt);
+int __mallopt(int, int) FM_ALIAS(fm_mallopt);
+struct mallinfo2 mallinfo2(void) FM_ALIAS(fm_mallinfo2);
+struct mallinfo2 __libc_mallinfo2(void) FM_ALIAS(fm_mallinfo2);
+struct mallinfo2 __mallinfo2(void) FM_ALIAS(fm_mallinfo2);
+struct mallinfo mallinfo(void) FM_ALIAS(fm_mallinfo);
+struct mallinfo __libc_mallinfo(void) FM_ALIAS(fm_mallinfo);
+struct mallinfo __mallinfo(void) FM_ALIAS(fm_mallinfo);
+void malloc_stats(void) FM_ALIAS(fm_malloc_stats);
+void __malloc_stats(void) FM_ALIAS(fm_malloc_stats);
+int malloc_info(int, FILE *) FM_ALIAS(fm_malloc_info);
+int __malloc_info(int, FILE *) FM_ALIAS(fm_malloc_info);
 
-void *__libc_malloc(size_t) FM_ALIAS(malloc);
-void *__malloc(size_t) FM_ALIAS(malloc);
-void *fm_malloc(size_t) FM_ALIAS(malloc);
-void __libc_free(void *) FM_ALIAS(free);
-void __free(void *) FM_ALIAS(free);
-void fm_free(void *) FM_ALIAS(free);
-void *__libc_calloc(size_t, size_t) FM_ALIAS(calloc);
-void *__calloc(size_t, size_t) FM_ALIAS(calloc);
-void *fm_calloc(size_t, size_t) FM_ALIAS(calloc);
-void *__libc_realloc(void *, size_t) FM_ALIAS(realloc);
-void *__realloc(void *, size_t) FM_ALIAS(realloc);
-void *fm_realloc(void *, size_t) FM_ALIAS(realloc);
-void *__libc_memalign(size_t, size_t) FM_ALIAS(memalign);
-void *__memalign(size_t, size_t) FM_ALIAS(memalign);
-void *fm_aligned_alloc(size_t, size_t) FM_ALIAS(memalign);
-int __posix_memalign(void **, size_t, size_t) FM_ALIAS(posix_memalign);
-int fm_posix_memalign(void **, size_t, size_t) FM_ALIAS(posix_memalign);
-void *__libc_valloc(size_t) FM_ALIAS(valloc);
-void *__valloc(size_t) FM_ALIAS(valloc);
-void *__libc_pvalloc(size_t) FM_ALIAS(pvalloc);
-void *__pvalloc(size_t) FM_ALIAS(pvalloc);
-size_t __malloc_usable_size(void *) FM_ALIAS(malloc_usable_size);
-size_t fm_malloc_usable_size(void *) FM_ALIAS(malloc_usable_size);
-int __malloc_trim(size_t) FM_ALIAS(malloc_trim);
-int __libc_mallopt(int, int) FM_ALIAS(mallopt);
-int __mallopt(int, int) FM_ALIAS(mallopt);
-struct mallinfo2 __libc_mallinfo2(void) FM_ALIAS(mallinfo2);
-struct mallinfo2 __mallinfo2(void) FM_ALIAS(mallinfo2);
-struct mallinfo __libc_mallinfo(void) FM_ALIAS(mallinfo);
-struct mallinfo __mallinfo(void) FM_ALIAS(mallinfo);
-void __malloc_stats(void) FM_ALIAS(malloc_stats);
-int __malloc_info(int, FILE *) FM_ALIAS(malloc_info);
+/* Hooks glibc's static fork and thread exit call in its own malloc: ours are installed
+ * with pthread_atfork and a thread key instead. */
+fm_api void __malloc_fork_lock_parent(void) {}
+fm_api void __malloc_fork_unlock_parent(void) {}
+fm_api void __malloc_fork_unlock_child(void) {}
+fm_api void __malloc_arena_thread_freeres(void) {}
+fm_api void *__glibc_morecore(ptrdiff_t increment) { return NULL; }
+#endif
