@@ -165,8 +165,10 @@ static bool arena_drop_kept_span(fm_arena *arena, unsigned units, bool page_span
   }
 }
 
-/* Chunks are mapped FM_CHUNK_BATCH at a time: mmap and the munmaps that align it take the
- * kernel's mapping lock, which stalls every thread's page faults. */
+/* Chunks are mapped several at a time, as many as the arena has already (at most
+ * FM_CHUNK_BATCH): mmap and the munmaps that align it take the kernel's mapping lock, which
+ * stalls every thread's page faults, while a small heap holds no address space ahead of
+ * its needs (a program may lower its own RLIMIT_AS). */
 #define FM_CHUNK_BATCH 8
 
 /* Unmaps the chunks the arena mapped ahead and has not used; returns their bytes. */
@@ -179,8 +181,9 @@ static size_t arena_drop_reserve(fm_arena *arena) {
 
 static fm_chunk *arena_new_chunk(fm_arena *arena) {
   if (arena->reserve == arena->reserve_end) {
-    char *batch = os_map_aligned(FM_CHUNK_BATCH * FM_CHUNK_SIZE, FM_CHUNK_SIZE);
-    size_t count = FM_CHUNK_BATCH;
+    size_t count = arena->chunk_count < 1 ? 1 : arena->chunk_count;
+    if (count > FM_CHUNK_BATCH) count = FM_CHUNK_BATCH;
+    char *batch = os_map_aligned(count * FM_CHUNK_SIZE, FM_CHUNK_SIZE);
     if (!batch) {
       batch = os_map_aligned(FM_CHUNK_SIZE, FM_CHUNK_SIZE);   /* tight on address space */
       count = 1;
@@ -190,11 +193,12 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
     arena->reserve_end = batch + count * FM_CHUNK_SIZE;
   }
   fm_chunk *chunk = chunk_init(arena->reserve, arena);
-  if (!chunk) {   /* outside a windowed unit map: so is the rest of the batch */
+  if (!chunk) {   /* no unit-map leaf for it: out of memory */
     arena_drop_reserve(arena);
     return NULL;
   }
   arena->reserve += FM_CHUNK_SIZE;
+  arena->chunk_count++;
   return chunk;
 }
 
@@ -404,7 +408,7 @@ static void span_flush_done(fm_arena *arena, fm_span *span) {
  * map's word alone, and a bad pointer (an interior one, or a block freed twice) may no
  * longer lie in a span by now, its chunk even unmapped: reported before anything is read. */
 static fm_span *cached_block_span(void *p) {
-  unsigned cls = fm_unit_class(p);
+  unsigned cls = unit_map_class(p);
   if (fm_unlikely(cls == 0 || cls > FM_NUM_SPAN_CLASSES)) os_fatal("free(): invalid pointer", p);
   return span_of(p);
 }
@@ -795,8 +799,9 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
     bool empty = chunk->free_units == FM_CHUNK_ALL_UNITS;
     if (empty && (all || (!chunk->dirty_units && empty_kept++ >= FM_EMPTY_CHUNKS_KEPT))) {
       LIST_REMOVE(&arena->chunks, chunk);
-      fm_unit_map_set(chunk, FM_UNIT_SIZE, 0);
+      unit_map_set(chunk, FM_UNIT_SIZE, 0);
       chunk_delete(chunk);
+      arena->chunk_count--;
       released += FM_CHUNK_SIZE;
       shrank |= !all;
       continue;

@@ -25,6 +25,7 @@ typedef struct fm_arena {
   char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
   fm_chunk *chunks;        /* chunks with a free unit, in address order */
   fm_chunk *full_chunks;   /* chunks without one: never searched */
+  unsigned chunk_count;     /* chunks on the two lists */
   uint64_t next_purge_ns;   /* when the next purge tick is due */
   uint64_t purge_epoch;     /* purge ticks so far */
 } __attribute__((aligned(64))) fm_arena;

@@ -1,11 +1,12 @@
 /* Chunks, spans and the unit map. A chunk is FM_CHUNK_SIZE of memory aligned to its size;
  * unit 0 holds its metadata, the other units are grouped into spans. The unit map holds
- * one byte per 64 KiB unit of the address space: the size class of the span there, a
- * large marker, or 0 for "not ours". Callers hold the owning arena's lock. */
+ * the unit map (unit_map.h) says which class each unit's span holds. Callers hold the
+ * owning arena's lock. */
 #ifndef FM_CHUNK_H
 #define FM_CHUNK_H
 
 #include "size_class.h"
+#include "unit_map.h"
 
 struct fm_arena;
 
@@ -67,34 +68,7 @@ _Static_assert(sizeof(fm_chunk) <= FM_UNIT_SIZE, "chunk metadata fits in unit 0"
 
 #define FM_CHUNK_ALL_UNITS (~(uint64_t)1)  /* unit 0 is the metadata */
 
-/* The unit map; before fm_unit_map_init it points at a single zero byte, so free(NULL)
- * works from the first instruction of the process. Set up, it covers the 47-bit address
- * space (2 GiB of address space, read-only until used) or, under an address-space limit
- * (ulimit -v) too small for that, a 1 TiB window around its own mapping: memory the OS
- * hands out outside the window is then refused (fm_unit_map_set fails). */
-extern fm_hidden const uint8_t *fm_unit_map;
 extern fm_hidden uintptr_t fm_mark;   /* per-process random key: freed-block mark, large-block check */
-
-bool fm_unit_map_init(void);
-/* Under an address-space limit set after set-up, the 2 GiB reservation counts against it:
- * narrows the map to the window it would have had from the start (1 TiB of address space
- * around every mapping of ours), giving the rest back. Single-threaded callers only (no
- * other thread may read or set entries meanwhile). Returns the bytes given back, 0 when
- * there is no limit, the map is a window already, or the heap is spread wider. */
-size_t fm_unit_map_narrow(void);
-bool fm_unit_map_set(const void *start, size_t size, uint8_t cls);
-
-/* The fast paths' lookup, for p below 2^47 (and inside the window, if the map is one). */
-static fm_always_inline unsigned fm_unit_class(const void *p) {
-  return fm_unit_map[(uintptr_t)p >> FM_UNIT_SHIFT];
-}
-/* The same for any pointer: 0 where the map does not reach (everywhere before set-up).
- * The map holds the entries of units fm_unit_map_first .. + fm_unit_map_units - 1. */
-extern fm_hidden size_t fm_unit_map_first, fm_unit_map_units;
-static fm_always_inline unsigned fm_unit_class_checked(const void *p) {
-  size_t unit = (uintptr_t)p >> FM_UNIT_SHIFT;
-  return unit - fm_unit_map_first < fm_unit_map_units ? fm_unit_map[unit] : 0;
-}
 
 static inline fm_chunk *chunk_of(const void *p) {
   return (fm_chunk *)((uintptr_t)p & ~(uintptr_t)(FM_CHUNK_SIZE - 1));

@@ -67,7 +67,7 @@ static large_hdr *header_of(const void *p) { return (large_hdr *)p - 1; }
  * (free names a double free, the other calls their own misuse). */
 static large_hdr *live_header(const void *p, const char *op, const char *freed_op) {
   if (((uintptr_t)p & 15) ||
-      fm_unit_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
+      unit_map_class_checked((const char *)p - sizeof(large_hdr)) != FM_CLASS_MAPPED)
     os_fatal(op, p);
   large_hdr *h = header_of(p);
   if (h->check != ((uintptr_t)p ^ fm_mark))
@@ -76,7 +76,7 @@ static large_hdr *live_header(const void *p, const char *op, const char *freed_o
 }
 
 static void unmap_block(char *base, size_t map_size) {
-  fm_unit_map_set(base, map_size, 0);   /* before munmap: the range may be reused at once */
+  unit_map_set(base, map_size, 0);   /* before munmap: the range may be reused at once */
   os_unmap(base, map_size);
 }
 
@@ -134,21 +134,21 @@ static mapping cache_remove_fit(large_cache *c, size_t need) {
 /* Grows mapping base when the address space cannot hold old and new mapping at once
  * (ulimit -v): the kernel moves and grows it wherever it likes, which needs room for the
  * growth only, and the contents then slide to the first unit boundary inside it (a copy
- * of old bytes). Returns the new start, or NULL with the mapping unchanged. */
+ * of old bytes). Returns the new start, or NULL with the mapping unchanged. The unit-map
+ * leaves the new place may need are mapped first: once the old range is given up, another
+ * thread may map it, so the block can never move back. */
 static char *mapping_move_tight(char *base, size_t old, size_t size) {
-  fm_unit_map_set(base, old, 0);
+  if (!unit_map_hold_spares((unsigned)((size + FM_UNIT_SIZE) >> UNIT_MAP_LEAF_SHIFT) + 2))
+    return NULL;
+  unit_map_set(base, old, 0);
   char *raw = os_remap_move(base, old, size + FM_UNIT_SIZE, NULL);
   if (!raw) {
-    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
+    unit_map_set(base, old, FM_CLASS_MAPPED);
     return NULL;
   }
   char *start = (char *)round_unit((uintptr_t)raw);
-  if (!fm_unit_map_set(start, size, FM_CLASS_MAPPED)) {   /* outside a windowed map */
-    if (!os_remap_move(raw, size + FM_UNIT_SIZE, old, base))
-      os_fatal("realloc(): cannot move a block back", base);
-    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
-    return NULL;
-  }
+  if (!unit_map_set(start, size, FM_CLASS_MAPPED))
+    os_fatal("realloc(): cannot register a moved block", start);
   if (start > raw) memmove(start, raw, old);
   size_t head = (size_t)(start - raw);
   if (head) os_unmap(raw, head);
@@ -162,28 +162,28 @@ static char *mapping_move_tight(char *base, size_t old, size_t size) {
  * thread may map it the moment it is free. */
 static char *mapping_resize(char *base, size_t old, size_t size) {
   if (size < old) {
-    fm_unit_map_set(base + size, old - size, 0);
+    unit_map_set(base + size, old - size, 0);
     if (os_remap(base, old, size)) return base;   /* shrinking never moves */
-    fm_unit_map_set(base + size, old - size, FM_CLASS_MAPPED);
+    unit_map_set(base + size, old - size, FM_CLASS_MAPPED);
     return NULL;
   }
   if (os_remap(base, old, size)) {
-    if (fm_unit_map_set(base + old, size - old, FM_CLASS_MAPPED)) return base;
+    if (unit_map_set(base + old, size - old, FM_CLASS_MAPPED)) return base;
     os_remap(base, size, old);
     return NULL;
   }
   /* Map the destination first, where a limit can refuse cleanly, then move the pages. */
   char *dest = os_map_aligned(size, FM_UNIT_SIZE);
   if (!dest) return mapping_move_tight(base, old, size);
-  if (!fm_unit_map_set(dest, size, FM_CLASS_MAPPED)) {
+  if (!unit_map_set(dest, size, FM_CLASS_MAPPED)) {
     os_unmap(dest, size);
     return NULL;
   }
-  fm_unit_map_set(base, old, 0);
+  unit_map_set(base, old, 0);
   if (!os_move(base, old, dest, size)) {
     /* Only when the kernel is out of mapping slots: dest may be half gone, so it is left
      * as it is (marked ours, never reused) rather than unmapped under another thread. */
-    fm_unit_map_set(base, old, FM_CLASS_MAPPED);
+    unit_map_set(base, old, FM_CLASS_MAPPED);
     return NULL;
   }
   return dest;
@@ -291,7 +291,7 @@ void *large_alloc(size_t size, size_t align, const fm_arena *arena, bool *fresh)
   if (!got.base) {
     got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};
     if (!got.base) return NULL;
-    if (!fm_unit_map_set(got.base, need, FM_CLASS_MAPPED)) {
+    if (!unit_map_set(got.base, need, FM_CLASS_MAPPED)) {
       os_unmap(got.base, need);
       return NULL;
     }

@@ -13,7 +13,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,40 +63,6 @@ void *os_map_aligned(size_t size, size_t align) {
   void *p = os_mmap_aligned(size, align, PROT_READ | PROT_WRITE, 0);
   if (p) fm_count_add(&os_mapped, size);
   return p;
-}
-
-void *os_reserve_readonly(size_t size) {
-  /* A private read-only mapping is not charged against the commit limit, even under
-   * strict overcommit; pages become writable (and charged) by os_make_writable(). */
-  return os_mmap(NULL, size, PROT_READ, MAP_NORESERVE);
-}
-
-void *os_reserve_readonly_at(void *addr, size_t size) {
-  void *p = os_mmap(addr, size, PROT_READ, MAP_NORESERVE | MAP_FIXED_NOREPLACE);
-  if (p && p != addr) {   /* a kernel before 4.17 takes the address as a hint only */
-    os_unmap_uncounted(p, size);
-    p = NULL;
-  }
-  return p;
-}
-
-void os_release_reserved(void *addr, size_t size) { os_unmap_uncounted(addr, size); }
-
-bool os_address_space_limited(void) {
-  struct rlimit limit;
-  int saved = errno;
-  bool limited = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
-  errno = saved;
-  return limited;
-}
-
-bool os_make_writable(void *addr, size_t size) {
-  uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(FM_PAGE_SIZE - 1);
-  uintptr_t end = ((uintptr_t)addr + size + FM_PAGE_SIZE - 1) & ~(uintptr_t)(FM_PAGE_SIZE - 1);
-  int saved = errno;
-  bool done = mprotect((void *)start, end - start, PROT_READ | PROT_WRITE) == 0;
-  errno = saved;
-  return done;
 }
 
 void os_unmap(void *addr, size_t size) {

@@ -7,11 +7,6 @@
 
 void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
 void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
-void *os_reserve_readonly(size_t size);           /* zero pages, readable, no commit charge */
-void *os_reserve_readonly_at(void *addr, size_t size);   /* the same at addr, if free there */
-bool os_make_writable(void *addr, size_t size);
-void os_release_reserved(void *addr, size_t size);   /* a reserved range never made writable */
-bool os_address_space_limited(void);              /* an RLIMIT_AS is in force */
 void os_unmap(void *addr, size_t size);
 bool os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once, and
                                                       they read zero; false if the OS refused */

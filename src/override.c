@@ -93,7 +93,7 @@ fm_api void *fm_calloc(size_t count, size_t size) {
   return p;
 }
 
-/* Bytes usable in block p (non-NULL) of unit class cls (fm_unit_class_checked); fatal
+/* Bytes usable in block p (non-NULL) of unit class cls (unit_map_class_checked); fatal
  * report op for a pointer that does not start a live block of ours (a freed one would be
  * handed out twice: realloc would keep it while a cache still holds it). */
 static size_t usable_size(void *p, unsigned cls, const char *op) {
@@ -115,7 +115,7 @@ fm_api void *fm_realloc(void *p, size_t size) {
     tcache_free(p);
     return NULL;
   }
-  unsigned cls = fm_unit_class_checked(p);
+  unsigned cls = unit_map_class_checked(p);
   size_t old = usable_size(p, cls, "realloc(): invalid pointer");
   /* A block of whole pages gives back its last pages, or takes the free pages that follow
    * it. */
@@ -198,7 +198,7 @@ void *fm_pvalloc(size_t size) {
 }
 
 fm_api size_t fm_malloc_usable_size(void *p) {
-  return p ? usable_size(p, fm_unit_class_checked(p), "malloc_usable_size(): invalid pointer") : 0;
+  return p ? usable_size(p, unit_map_class_checked(p), "malloc_usable_size(): invalid pointer") : 0;
 }
 
 int fm_malloc_trim(size_t pad) { return tcache_trim() > 0; }
@@ -257,7 +257,7 @@ int fm_malloc_info(int options, FILE *stream) {
 fm_api const char *fm_version(void) { return FASTMALLOC_VERSION_STRING; }
 
 fm_api int fm_owns(const void *p) {
-  return fm_init() && fm_unit_class_checked(p) != 0;
+  return fm_init() && unit_map_class_checked(p) != 0;
 }
 
 fm_api size_t fm_mapped_bytes(void) { return os_mapped_bytes(); }

@@ -97,7 +97,7 @@ bool fm_init(void) {
     limits_init();
     fm_mark = (uintptr_t)os_random64();
     arena_init_all();
-    if (fm_unit_map_init() && pthread_key_create(&thread_key, tcache_thread_exit) == 0)
+    if (pthread_key_create(&thread_key, tcache_thread_exit) == 0)
       atomic_store_explicit(&init_done, 1, memory_order_release);
   }
   bool ok = atomic_load_explicit(&init_done, memory_order_relaxed);
@@ -653,7 +653,7 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
 /* free never changes errno: the OS calls on its slow paths put it back (os.c), and so
  * does a thread's set-up (tcache_thread_start), the only other place where it may be set. */
 void tcache_free_miss(void *p) {
-  unsigned cls = fm_unit_class_checked(p);   /* 0 for NULL, and for any pointer before set-up */
+  unsigned cls = unit_map_class_checked(p);   /* 0 for NULL, and for any pointer before set-up */
   /* A page block's own path, a tail call: it needs none of free_slow's stack frame. */
   if (cls == FM_CLASS_PAGES) return free_pages_slow(p);
   if (p) free_slow(p, cls);
@@ -682,14 +682,7 @@ static size_t release_held(bool purge) {
 
 size_t tcache_trim(void) { return release_held(true); }
 
-/* A single-threaded process may also have lowered its address-space limit since set-up
- * (setrlimit in main, or a fork child before exec): then the unit map narrows to a window
- * (with more threads, their frees could be reading the part that goes). */
-bool tcache_release_for_retry(void) {
-  size_t released = release_held(false);
-  if (!fm_threaded()) released += fm_unit_map_narrow();
-  return released > 0;
-}
+bool tcache_release_for_retry(void) { return release_held(false) > 0; }
 
 /* fork: take every allocator lock in a fixed order so the child sees a consistent heap.
  * A single-threaded parent holds no lock mid-operation, so nothing needs taking. */

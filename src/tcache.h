@@ -120,7 +120,7 @@ static fm_always_inline void *tcache_malloc(size_t size) {
 }
 
 static fm_always_inline void tcache_free(void *p) {
-  size_t cls = fm_unit_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
+  size_t cls = unit_map_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
   void **top = fm_tc.top[cls];
   if (fm_unlikely(top == fm_tc.high[cls])) return tcache_free_miss(p);
   uintptr_t mark = fm_mark;
@@ -157,9 +157,8 @@ fm_arena *tcache_large_arena(void);
 size_t tcache_trim(void);
 /* Out of memory: flushes the calling thread's cache and unmaps every empty chunk, chunk
  * mapped ahead, cached large mapping and pooled bins' array, purging nothing (so it stays
- * cheap when memory stays short), and in a process that never had a second thread narrows
- * the unit map under a late address-space limit; true when something was unmapped, so one
- * more try may work. */
+ * cheap when memory stays short); true when something was unmapped, so one more try may
+ * work. */
 bool tcache_release_for_retry(void);
 
 #endif

@@ -1,0 +1,52 @@
+/* The unit map: one byte per 64 KiB unit of the address space, saying what lies there (a
+ * size class, a marker for the other kinds of block, or 0 for "not ours"). free() reads it
+ * with two dependent loads and no lock. It must not hold address space it does not use:
+ * a program that lowers its own RLIMIT_AS must find its stacks and files still mappable. */
+#ifndef FM_UNIT_MAP_H
+#define FM_UNIT_MAP_H
+
+#include "config.h"
+
+/* Two levels: a static root of 2048 entries, each for 64 GiB of the 47-bit user address
+ * space, pointing at a leaf of 2^20 bytes (one a unit) that is mapped the first time
+ * something of ours lies in its 64 GiB; until then every root entry points at one shared
+ * leaf of zeros. So the map holds 1 MiB of address space for each 64 GiB region that has
+ * our memory, and reads "not ours" everywhere else, from the first instruction of the
+ * process on (before any set-up: the root is initialised by the loader). */
+#define UNIT_MAP_LEAF_SHIFT 36
+#define UNIT_MAP_ROOT_ENTRIES ((size_t)1 << (FM_ADDRESS_BITS - UNIT_MAP_LEAF_SHIFT))
+#define UNIT_MAP_LEAF_ENTRIES ((size_t)1 << (UNIT_MAP_LEAF_SHIFT - FM_UNIT_SHIFT))
+
+/* Root entry i holds its leaf's address minus i * UNIT_MAP_LEAF_ENTRIES, so the leaf is
+ * indexed by the whole unit number: one shift of the pointer serves the second load. */
+extern fm_hidden uintptr_t unit_map_root[UNIT_MAP_ROOT_ENTRIES];
+
+/* The entry of pointer p, which must lie below 2^47 (every user-space address does):
+ * the fast path's lookup. Entries change under readers one byte at a time. */
+static fm_always_inline unsigned unit_map_class(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uintptr_t leaf = __atomic_load_n(&unit_map_root[a >> UNIT_MAP_LEAF_SHIFT], __ATOMIC_RELAXED);
+  return __atomic_load_n((const uint8_t *)(leaf + (a >> FM_UNIT_SHIFT)), __ATOMIC_RELAXED);
+}
+
+/* The same for any pointer: 0 at or above 2^47. */
+static fm_always_inline unsigned unit_map_class_checked(const void *p) {
+  return (uintptr_t)p >> FM_ADDRESS_BITS ? 0 : unit_map_class(p);
+}
+
+/* Maps the leaves that [start, start + size) needs, so a later unit_map_set of any part
+ * of it cannot fail; false when the OS refuses a leaf. Lock-free. */
+bool unit_map_prepare(const void *start, size_t size);
+
+/* Sets the entries of the units [start, start + size) touches to cls, mapping leaves as
+ * needed; false (nothing set) when a leaf cannot be mapped. Lock-free: the caller owns
+ * the range (it mapped it, or holds the lock of the arena whose chunk it lies in). */
+bool unit_map_set(const void *start, size_t size, uint8_t cls);
+
+/* Maps `count` leaves ahead (at most UNIT_MAP_SPARES_MAX), which later calls take when
+ * the OS refuses a leaf: for a caller that must register memory it cannot give back (a
+ * block already moved); false when they cannot be mapped. */
+#define UNIT_MAP_SPARES_MAX 4
+bool unit_map_hold_spares(unsigned count);
+
+#endif
