@@ -71,6 +71,12 @@ void arena_init_all(void) {
     (node)->next = (node)->prev = NULL;                      \
   } while (0)
 
+/* Whether p lies in a chunk its arena abandoned in a fork child (arena_abandon): frees
+ * there are dropped, since the chunk's spans may have been cut off mid-update. */
+static bool in_abandoned_chunk(const fm_arena *arena, const void *p) {
+  return fm_unlikely(chunk_of(p)->generation != arena->generation);
+}
+
 /* The partial lists: spans with a free block; `listed` says whether a span is on one. */
 static void partial_push(fm_arena *arena, fm_span *span) {
   LIST_PUSH(&arena->partial[span->cls], span);
@@ -192,7 +198,7 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
     arena->reserve = batch;
     arena->reserve_end = batch + count * FM_CHUNK_SIZE;
   }
-  fm_chunk *chunk = chunk_init(arena->reserve, arena);
+  fm_chunk *chunk = chunk_init(arena->reserve, arena, arena->generation);
   if (!chunk) {   /* no unit-map leaf for it: out of memory */
     arena_drop_reserve(arena);
     return NULL;
@@ -443,6 +449,7 @@ void arena_free_blocks(void **blocks, size_t n) {
           blocks[pending++] = p;
           continue;
         }
+        if (in_abandoned_chunk(arena, p)) continue;
         word_store(bits, word_index, word);
         span_flush_done(arena, span);
         span = next;
@@ -500,7 +507,7 @@ bool arena_resize_span_large(void *p, size_t size) {
   fm_lock(&arena->lock, threaded);
   fm_assert(p == span->start && span->used == 1 && span->cls == FM_CLASS_SPAN_LARGE);
   bool was_full = !chunk->free_units;
-  bool resized = chunk_resize_large_span(span, (unsigned)units);
+  bool resized = !in_abandoned_chunk(arena, p) && chunk_resize_large_span(span, (unsigned)units);
   if (resized) arena_relist_chunk(arena, chunk, was_full);
   fm_unlock(&arena->lock, threaded);
   return resized;
@@ -511,6 +518,7 @@ void arena_free_span_large(void *p) {
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
+  if (in_abandoned_chunk(arena, p)) return fm_unlock(&arena->lock, threaded);
   if (fm_unlikely(p != span->start || span->used != 1 || span->cls != FM_CLASS_SPAN_LARGE))
     os_fatal(p == span->start && span->used == 0 && span->cls == FM_CLASS_SPAN_LARGE
                  ? "free(): double free detected"   /* a kept span: the block's second free */
@@ -636,6 +644,7 @@ void arena_free_pages(void *p) {
   fm_arena *arena = span->arena;
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
+  if (in_abandoned_chunk(arena, p)) return fm_unlock(&arena->lock, threaded);
   unsigned first = page_index(p);
   if (fm_unlikely(!page_block_at(span, p)))
     os_fatal(span->cls == FM_CLASS_PAGES && !((uintptr_t)p & (FM_PAGE_SIZE - 1)) &&
@@ -662,7 +671,9 @@ bool arena_resize_pages(void *p, size_t size) {
   fm_assert(page_block_at(span, p) && pages >= 1 && pages <= FM_PAGES_PER_UNIT);
   unsigned first = page_index(p), old = page_run_length(span, first);
   bool resized = true;
-  if (pages < old) {
+  if (in_abandoned_chunk(arena, p)) {
+    resized = false;
+  } else if (pages < old) {
     span->free_pages |= (uint16_t)page_bits(first + pages, old - pages);
     span->used -= old - pages;
   } else if (pages > old) {
@@ -721,7 +732,8 @@ bool arena_block_is_free(void *p) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
   uint32_t index = span_block_index(span, p);
-  bool is_free = span_free_bits(span)[index / 64] >> (index % 64) & 1;
+  bool is_free = !in_abandoned_chunk(arena, p) &&
+                 (span_free_bits(span)[index / 64] >> (index % 64) & 1);
   fm_unlock(&arena->lock, threaded);
   return is_free;
 }
@@ -835,14 +847,25 @@ size_t arena_used_bytes(void) {
   return used;
 }
 
-void arena_lock_all(void) {
-  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock(&fm_arenas[i].lock, true);
+void arena_lock_all_for_fork(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock_for_fork(&fm_arenas[i].lock);
 }
 
-void arena_unlock_all(void) {
-  for (unsigned i = fm_arena_count; i-- > 0;) fm_unlock(&fm_arenas[i].lock, true);
+void arena_unlock_all_after_fork(void) {
+  for (unsigned i = fm_arena_count; i-- > 0;) fm_lock_after_fork_parent(&fm_arenas[i].lock);
 }
 
-void arena_reset_locks(void) {
-  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock_init(&fm_arenas[i].lock);
+/* An arena whose lists a fork cut off mid-update starts again empty, in a new generation:
+ * its chunks stay mapped, and the blocks the program holds there stay valid, but they are
+ * never handed out again, and frees into them are dropped (in_abandoned_chunk). */
+static void arena_abandon(fm_arena *arena) {
+  fm_arena fresh = {.generation = arena->generation + 1,
+                    .next_purge_ns = arena->next_purge_ns,
+                    .purge_epoch = arena->purge_epoch};
+  *arena = fresh;
+}
+
+void arena_after_fork_child(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++)
+    if (fm_lock_after_fork_child(&fm_arenas[i].lock)) arena_abandon(&fm_arenas[i]);
 }

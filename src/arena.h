@@ -26,6 +26,7 @@ typedef struct fm_arena {
   fm_chunk *chunks;        /* chunks with a free unit, in address order */
   fm_chunk *full_chunks;   /* chunks without one: never searched */
   unsigned chunk_count;     /* chunks on the two lists */
+  uint32_t generation;      /* of the chunks it uses: others were abandoned (a fork child) */
   uint64_t next_purge_ns;   /* when the next purge tick is due */
   uint64_t purge_epoch;     /* purge ticks so far */
 } __attribute__((aligned(64))) fm_arena;
@@ -88,8 +89,11 @@ size_t arena_purge(fm_arena *arena, fm_purge how);
  * caches (for mallinfo). Takes each arena's lock in turn. */
 size_t arena_used_bytes(void);
 
-void arena_lock_all(void);
-void arena_unlock_all(void);
-void arena_reset_locks(void);
+/* The fork window (sync.h): every arena's lock taken for the fork, then given back in
+ * the parent; in the child, an arena whose lock a borrower held at the fork starts again
+ * empty (arena_abandon), its chunks never used again. */
+void arena_lock_all_for_fork(void);
+void arena_unlock_all_after_fork(void);
+void arena_after_fork_child(void);
 
 #endif

@@ -9,11 +9,12 @@
 
 uintptr_t fm_mark;
 
-fm_chunk *chunk_init(void *memory, struct fm_arena *arena) {
+fm_chunk *chunk_init(void *memory, struct fm_arena *arena, uint32_t generation) {
   fm_chunk *chunk = memory;
   /* The unit map's leaf now, so span set-up cannot fail later. */
   if (!unit_map_prepare(chunk, FM_CHUNK_SIZE)) return NULL;
   chunk->arena = arena;
+  chunk->generation = generation;
   chunk->free_units = FM_CHUNK_ALL_UNITS;
   chunk->dirty_units = 0;
   chunk->stale_units = 0;

@@ -55,6 +55,7 @@ _Static_assert(sizeof(fm_span) == 64, "a span's metadata is one cache line");
 
 typedef struct fm_chunk {
   struct fm_arena *arena;
+  uint32_t generation;     /* the arena's when mapped (see arena_abandon) */
   struct fm_chunk *next, *prev;
   uint64_t free_units;     /* bit u: unit u belongs to no span */
   uint64_t dirty_units;    /* bit u: a free unit whose pages may still be resident */
@@ -125,7 +126,7 @@ static inline bool chunk_mostly_free(const fm_chunk *chunk) {
 }
 
 /* Sets up chunk metadata in fresh, chunk-aligned memory from the OS; NULL on failure. */
-fm_chunk *chunk_init(void *memory, struct fm_arena *arena);
+fm_chunk *chunk_init(void *memory, struct fm_arena *arena, uint32_t generation);
 void chunk_delete(fm_chunk *chunk);
 /* A span of `units` free units of chunk (only units whose pages may still be resident,
  * when resident_only), or NULL; unit-map entries are set to cls. Free units are dirty (their

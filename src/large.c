@@ -359,14 +359,20 @@ size_t large_expire(bool all) {
   return released;
 }
 
-void large_lock_all(void) {
-  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock(&caches[i].lock, true);
+void large_lock_all_for_fork(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock_for_fork(&caches[i].lock);
 }
 
-void large_unlock_all(void) {
-  for (unsigned i = fm_arena_count; i-- > 0;) fm_unlock(&caches[i].lock, true);
+void large_unlock_all_after_fork(void) {
+  for (unsigned i = fm_arena_count; i-- > 0;) fm_lock_after_fork_parent(&caches[i].lock);
 }
 
-void large_reset_locks(void) {
-  for (unsigned i = 0; i < fm_arena_count; i++) fm_lock_init(&caches[i].lock);
+void large_after_fork_child(void) {
+  for (unsigned i = 0; i < fm_arena_count; i++) {
+    large_cache *c = &caches[i];
+    if (!fm_lock_after_fork_child(&c->lock)) continue;
+    fm_count_add(&all_bytes, -c->bytes);
+    memset(c->slot, 0, sizeof c->slot);
+    c->bytes = 0;
+  }
 }

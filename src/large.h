@@ -22,8 +22,10 @@ void large_live(size_t *blocks, size_t *bytes);
  * memory). Returns the bytes unmapped. */
 size_t large_expire(bool all);
 
-void large_lock_all(void);
-void large_unlock_all(void);
-void large_reset_locks(void);
+/* The fork window for the caches of freed mappings (see arena.h); in the child a cache
+ * whose lock a borrower held forgets its mappings (they stay mapped, unused). */
+void large_lock_all_for_fork(void);
+void large_unlock_all_after_fork(void);
+void large_after_fork_child(void);
 
 #endif

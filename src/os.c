@@ -157,31 +157,18 @@ const char *os_getenv(const char *name) {
   return NULL;
 }
 
+unsigned os_getpid(void) { return (unsigned)syscall(SYS_getpid); }
+
 void os_futex_wait(int *addr, int expected) {
   int saved = errno;   /* EAGAIN when the value already changed */
   syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
   errno = saved;
 }
 
-void os_futex_wake_one(int *addr) {
+void os_futex_wake(int *addr, int count) {
   int saved = errno;
-  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
   errno = saved;
-}
-
-void fm_lock_contended(fm_lock_t *lock) {
-  if (fm_fork_holder) return;   /* it holds this lock already */
-  for (int spin = 0; spin < 100; spin++) {
-    int expected = 0;
-    if (atomic_load_explicit(&lock->state, memory_order_relaxed) == 0 &&
-        atomic_compare_exchange_weak_explicit(&lock->state, &expected, 1, memory_order_acquire,
-                                              memory_order_relaxed))
-      return;
-    __builtin_ia32_pause();
-  }
-  /* Mark the lock contended; whoever unlocks it then wakes one waiter. */
-  while (atomic_exchange_explicit(&lock->state, 2, memory_order_acquire) != 0)
-    os_futex_wait((int *)&lock->state, 2);
 }
 
 char *os_append(char *out, char *limit, const char *text) {

@@ -28,8 +28,10 @@ uint64_t os_random64(void);
 uint64_t os_now_ns(void);
 const char *os_getenv(const char *name);          /* reads environ; never allocates */
 
+unsigned os_getpid(void);                         /* the raw system call: never cached */
+
 void os_futex_wait(int *addr, int expected);
-void os_futex_wake_one(int *addr);
+void os_futex_wake(int *addr, int count);         /* INT32_MAX: all */
 
 /* Prints "fastmalloc: <what> 0x<ptr>" (ptr omitted when NULL) to stderr and aborts. */
 __attribute__((noreturn, cold)) void os_fatal(const char *what, const void *ptr);

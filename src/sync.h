@@ -25,23 +25,25 @@ static inline void fm_count_add(size_t *counter, size_t delta) {
   else __atomic_store_n(counter, __atomic_load_n(counter, __ATOMIC_RELAXED) + delta, __ATOMIC_RELAXED);
 }
 
-/* A three-state futex lock: 0 free, 1 held, 2 held with waiters. Being one int, a
- * fork child can reset it with fm_lock_init. */
+/* A futex lock in one int, so a fork child can reset it. Its states: free (0), held
+ * (LOCK_HELD, plus LOCK_WAITERS when a thread may sleep on it), and, from fastmalloc's fork
+ * prepare handler to its parent or child handler, LOCK_FORK: the forking thread has taken
+ * it, so the heap it guards is consistent at the fork, but any thread may borrow it
+ * (LOCK_FORK | LOCK_HELD) instead of waiting. glibc's fork takes more locks after the
+ * prepare handlers (its stdio list lock, the NSS database lock, other libraries' handlers'
+ * locks), and a thread holding one of those may be allocating: it must never wait for
+ * the forking thread. A child finds a lock still borrowed only if the borrower was cut
+ * off mid-operation: the heap behind it is then rebuilt (lock.c, fork_child_repair). */
+enum { LOCK_HELD = 1, LOCK_WAITERS = 2, LOCK_FORK = 4 };
+
 typedef struct fm_lock {
   _Atomic int state;
 } fm_lock_t;
 
 #define FM_LOCK_INIT {0}
 
-/* Non-zero in the thread that forks, from fastmalloc's prepare handler to its parent or
- * child handler, while it holds every lock (the depth of forks nested in that window).
- * glibc runs prepare handlers in reverse order of registration and the others in order,
- * so the fork handlers of a library registered before fastmalloc run inside that window:
- * their mallocs pass through the locks (every other thread waits on them) instead of
- * waiting on their own thread. */
-extern fm_hidden __thread unsigned char fm_fork_holder __attribute__((tls_model("initial-exec")));
-
-void fm_lock_contended(fm_lock_t *lock);   /* passes through in the fork holder */
+void fm_lock_contended(fm_lock_t *lock);
+void fm_unlock_contended(fm_lock_t *lock);
 
 static inline void fm_lock_init(fm_lock_t *lock) {
   atomic_store_explicit(&lock->state, 0, memory_order_relaxed);
@@ -50,24 +52,44 @@ static inline void fm_lock_init(fm_lock_t *lock) {
 static fm_always_inline void fm_lock(fm_lock_t *lock, bool threaded) {
   if (!threaded) return;
   int expected = 0;
-  if (fm_likely(atomic_compare_exchange_strong_explicit(&lock->state, &expected, 1,
+  if (fm_likely(atomic_compare_exchange_strong_explicit(&lock->state, &expected, LOCK_HELD,
                                                         memory_order_acquire,
                                                         memory_order_relaxed)))
     return;
   fm_lock_contended(lock);
 }
 
+/* Takes the lock only if it is free: a lock held for a fork counts as busy. */
 static inline bool fm_trylock(fm_lock_t *lock, bool threaded) {
   int expected = 0;
-  return !threaded || atomic_compare_exchange_strong_explicit(&lock->state, &expected, 1,
+  return !threaded || atomic_compare_exchange_strong_explicit(&lock->state, &expected, LOCK_HELD,
                                                               memory_order_acquire,
                                                               memory_order_relaxed);
 }
 
 static fm_always_inline void fm_unlock(fm_lock_t *lock, bool threaded) {
-  if (!threaded || fm_unlikely(fm_fork_holder)) return;
-  if (fm_unlikely(atomic_exchange_explicit(&lock->state, 0, memory_order_release) == 2))
-    os_futex_wake_one((int *)&lock->state);
+  if (!threaded) return;
+  int expected = LOCK_HELD;
+  if (fm_likely(atomic_compare_exchange_strong_explicit(&lock->state, &expected, 0,
+                                                        memory_order_release,
+                                                        memory_order_relaxed)))
+    return;
+  fm_unlock_contended(lock);
 }
+
+/* The fork window (called by the fork handlers only, for every allocator lock):
+ * fm_lock_for_fork takes the lock and leaves it in LOCK_FORK; fm_lock_after_fork_parent
+ * waits for any borrower and frees it; fm_lock_after_fork_child frees it and says whether
+ * a borrower was cut off inside it (what it guards may be half updated). */
+void fm_lock_for_fork(fm_lock_t *lock);
+void fm_lock_after_fork_parent(fm_lock_t *lock);
+bool fm_lock_after_fork_child(fm_lock_t *lock);
+
+/* The fork window opens (parent_pid: the forking process) and closes (0). While it is
+ * open, a thread that would wait for a borrowed lock checks whether it is in the child,
+ * before fastmalloc's child handler ran (another library's child handler, or glibc's own
+ * clean-up, allocating): then it calls repair_child first, which must leave every lock
+ * free. */
+void fm_lock_fork_window(unsigned parent_pid, void (*repair_child)(void));
 
 #endif

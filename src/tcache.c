@@ -11,7 +11,6 @@
 #include "options.h"
 
 __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
-__thread unsigned char fm_fork_holder __attribute__((tls_model("initial-exec")));
 
 static fm_lock_t init_lock = FM_LOCK_INIT;
 static _Atomic int init_done;
@@ -70,6 +69,7 @@ static int32_t start_room(unsigned cls) {
 
 static void limits_init(void) {
   size_t slots = 0;
+  start_bytes = start_slots = 0;   /* (a fork child may run set-up again) */
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t size = (int32_t)fm_class_size[cls];
     /* Blocks of several pages are cached sparingly: the memory they pin costs more than
@@ -684,49 +684,67 @@ size_t tcache_trim(void) { return release_held(true); }
 
 bool tcache_release_for_retry(void) { return release_held(false) > 0; }
 
-/* fork: take every allocator lock in a fixed order so the child sees a consistent heap.
- * A single-threaded parent holds no lock mid-operation, so nothing needs taking. */
+/* fork. The prepare handler takes every allocator lock in a fixed order, in the state that
+ * lets other threads borrow them (sync.h): the child then sees a consistent heap, while no
+ * thread ever waits for the forking one, which goes on to take glibc's stdio and NSS locks
+ * (a thread holding one of those may be allocating). A single-threaded parent holds no lock
+ * mid-operation, so nothing needs taking. */
 static bool fork_locked;
+/* In the forking thread: forks nested in the window (a library's prepare handler that
+ * forks) count here, and only the outermost's handlers open and close the window. */
+static __thread unsigned char fork_depth __attribute__((tls_model("initial-exec")));
 
-/* A fork from inside the window (an earlier-registered library's handler that forks)
- * only counts: the outer fork's handlers take and give back the locks. */
+static void fork_child_repair(void);
+
 static void fork_prepare(void) {
-  if (fm_fork_holder) {
-    fm_fork_holder++;
+  if (fork_depth) {
+    fork_depth++;
     return;
   }
   fork_locked = fm_threaded();
   if (!fork_locked) return;
-  fm_lock(&init_lock, true);
-  fm_lock(&pool_lock, true);
-  large_lock_all();
-  arena_lock_all();
-  fm_fork_holder = 1;
+  fork_depth = 1;
+  fm_lock_fork_window(os_getpid(), fork_child_repair);
+  fm_lock_for_fork(&init_lock);
+  fm_lock_for_fork(&pool_lock);
+  large_lock_all_for_fork();
+  arena_lock_all_for_fork();
 }
 
-/* True in the parent or child handler that ends the outer fork's window, the locks taken:
- * the handlers of a nested fork only count down. The holder mark goes first, or the
- * unlocks that follow would pass through too. */
+/* True in the parent or child handler that ends the outermost fork's window. */
 static bool fork_window_ends(void) {
-  if (fm_fork_holder > 1) {
-    fm_fork_holder--;
+  if (fork_depth > 1) {
+    fork_depth--;
     return false;
   }
-  if (!fork_locked) return false;
-  fm_fork_holder = 0;
-  return true;
+  fork_depth = 0;
+  return fork_locked;
 }
 
 static void fork_parent(void) {
   if (!fork_window_ends()) return;
-  arena_unlock_all();
-  large_unlock_all();
-  fm_unlock(&pool_lock, true);
-  fm_unlock(&init_lock, true);
+  fork_locked = false;
+  arena_unlock_all_after_fork();
+  large_unlock_all_after_fork();
+  fm_lock_after_fork_parent(&pool_lock);
+  fm_lock_after_fork_parent(&init_lock);
+  fm_lock_fork_window(0, NULL);
 }
 
-static void fork_child(void) {
-  if (!fork_window_ends()) return;
+/* Frees every lock in the child; what a borrower left half updated starts again empty.
+ * Runs from the child handler, or earlier, from the first wait for a borrowed lock (a
+ * library's child handler registered before fastmalloc's, allocating). */
+static void fork_child_repair(void) {
+  if (!fork_locked) return;
+  fork_locked = false;
+  fm_lock_fork_window(0, NULL);
+  if (fm_lock_after_fork_child(&init_lock) && !atomic_load(&init_done)) init_tried = false;
+  if (fm_lock_after_fork_child(&pool_lock)) {
+    pool_free = NULL;   /* the pooled arrays stay mapped, unused */
+    pool_count = 0;
+  }
+  large_after_fork_child();
+  arena_after_fork_child();
   /* The other threads' caches are gone with their threads. */
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
@@ -737,8 +755,8 @@ static void fork_child(void) {
     fm_tc.live_next = fm_tc.live_prev = NULL;
     live_caches = &fm_tc;
   }
-  arena_reset_locks();
-  large_reset_locks();
-  fm_lock_init(&pool_lock);
-  fm_lock_init(&init_lock);
+}
+
+static void fork_child(void) {
+  if (fork_window_ends()) fork_child_repair();
 }

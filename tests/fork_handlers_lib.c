@@ -1,10 +1,10 @@
 /* A library that registers fork handlers in its constructor, before fastmalloc's first
  * malloc registers its own (as OpenBLAS does, say): glibc then runs its prepare handler
- * after fastmalloc's, which holds every allocator lock by then, and its child handler
- * before fastmalloc's, which resets them. Both handlers allocate past the thread cache:
- * a span block and a mapped one. The first prepare also forks, and checks that the
- * allocator's locks stay taken afterwards: fork_handlers_progress, which another thread
- * of the probe bumps after each span malloc, must stand still. */
+ * after fastmalloc's, which has taken every allocator lock for the fork by then, and its
+ * child handler before fastmalloc's, which frees them. Both handlers allocate past the
+ * thread cache: a span block and a mapped one. The first prepare also forks (its child
+ * allocates), then checks that another thread of the probe still allocates inside the
+ * window: fork_handlers_progress, which it bumps after each span malloc, must move. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 atomic_ulong fork_handlers_progress;
-int fork_handlers_nested_failures;   /* the locks came free inside the outer fork */
+int fork_handlers_nested_failures;   /* the fork inside the outer fork's window failed */
+int fork_handlers_blocked;           /* the other thread could not allocate in the window */
 
 static void *kept;
 static int nested;   /* 0: not yet, 1: forking now, 2: done */
@@ -33,12 +34,21 @@ static void prepare(void) {
   if (nested) return;
   nested = 1;
   pid_t pid = fork();
-  if (pid == 0) _exit(0);
-  if (pid > 0) waitpid(pid, NULL, 0);
-  usleep(20000);   /* a span malloc already past the lock may still count once */
-  unsigned long settled = atomic_load(&fork_handlers_progress);
-  usleep(20000);
-  if (atomic_load(&fork_handlers_progress) != settled) fork_handlers_nested_failures++;
+  if (pid == 0) {
+    char *p = malloc(200000);
+    if (!p) _exit(2);
+    memset(p, 4, 200000);
+    free(p);
+    _exit(0);
+  }
+  int status;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
+    fork_handlers_nested_failures++;
+  /* Still inside the outer fork's window: the other thread goes on allocating (a bound
+   * of 5 s for it to be scheduled, not a timing). */
+  unsigned long start = atomic_load(&fork_handlers_progress);
+  for (int i = 0; i < 500 && atomic_load(&fork_handlers_progress) == start; i++) usleep(10000);
+  if (atomic_load(&fork_handlers_progress) == start) fork_handlers_blocked++;
   nested = 2;
 }
 
