@@ -91,7 +91,7 @@ static void partial_remove(fm_arena *arena, fm_span *span) {
 /* The empty spans an arena keeps a while, per class, in address order: pushed in the
  * purge epoch they emptied in, so a purge tick can tell how long they have waited. */
 static void kept_push(fm_arena *arena, fm_span *span) {
-  span->empty_since = arena->purge_epoch;
+  span->empty_since = (uint32_t)arena->purge_epoch;
   LIST_INSERT_BY_ADDRESS(&arena->empty[span->cls], span);
   arena->empty_count[span->cls]++;
 }
@@ -256,6 +256,13 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   return span;
 }
 
+/* Tags the blocks of blocks[0 .. n) (taken from one span, highest first) that lie below
+ * `issued`, the end of those handed out before in the span's life (see arena.h). */
+static void tag_recycled(void **blocks, uint32_t n, char *issued) {
+  for (uint32_t i = n; i-- > 0 && (char *)blocks[i] < issued;)
+    blocks[i] = (char *)blocks[i] + FM_BLOCK_RECYCLED;
+}
+
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed) {
   bool threaded = fm_threaded();
   fm_lock(&arena->lock, threaded);
@@ -295,6 +302,8 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     /* (the last block taken is the furthest one) */
     uint32_t last = (uint32_t)((char *)next[0] - span->start) / (uint32_t)size;
     if (last >= span->fresh) span->fresh = (uint16_t)(last + 1);
+    tag_recycled(next, taken, span->start + (size_t)span->issued * size);
+    if (last >= span->issued) span->issued = (uint16_t)(last + 1);
     got += taken;
     span->used += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
@@ -785,7 +794,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
       next = span->next;
-      if (all || span->empty_since + 2 <= arena->purge_epoch) {
+      if (all || (uint32_t)(arena->purge_epoch - span->empty_since) >= 2) {
         kept_remove(arena, span);
         bool purged = pages && os_purge(span_base(span), span_bytes(span));
         if (purged) released += span_bytes(span);

@@ -37,12 +37,16 @@ extern fm_hidden unsigned fm_arena_count;
 void arena_init_all(void);
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;
- * returns got, 0 when out of memory. The lowest block is last: a thread cache's bin, a
+ * returns got, 0 when out of memory. A block that was handed out before in its span's life
+ * comes with FM_BLOCK_RECYCLED added to its address: it went back to the span through a
+ * path that wrote FM_FREED_MARK into its second word (or its page was purged since, and
+ * it reads zero), and the caller checks that nothing wrote there since (tcache.h). The lowest block is last: a thread cache's bin, a
  * stack, hands them out in address order, so the nodes a program allocates one after the
  * other lie upward in memory, as its later walks over them go (list: 0.78-0.93 x the time
  * of handing them out downward). With zeroed (for calloc), when the
  * first block reads zero (it was not handed out since its span's units were zero), it is
  * the only one taken, and *zeroed is set. */
+#define FM_BLOCK_RECYCLED 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed);
 
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

@@ -120,6 +120,7 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);
   span_set_block_size(span, block);
   span->fresh = zeroed ? 0 : (uint16_t)span->capacity;
+  span->issued = 0;
   if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
   return span;
 }

@@ -49,7 +49,11 @@ typedef struct fm_span {
   char *start;
   struct fm_arena *arena;
   struct fm_span *next, *prev;
-  uint64_t empty_since;    /* for empty spans kept by the arena: purge epoch it emptied in */
+  uint32_t empty_since;    /* for empty spans kept by the arena: purge epoch it emptied in */
+  /* A span of small blocks: blocks below this index were handed out since the span was
+   * taken from its chunk, so each went back through a path that marks it free
+   * (FM_FREED_MARK, or zero once purged); a refill checks that they still are. */
+  uint16_t issued;
 } fm_span;
 _Static_assert(sizeof(fm_span) == 64, "a span's metadata is one cache line");
 

@@ -95,13 +95,17 @@ fm_api void *fm_calloc(size_t count, size_t size) {
 
 /* Bytes usable in block p (non-NULL) of unit class cls (unit_map_class_checked); fatal
  * report op for a pointer that does not start a live block of ours (a freed one would be
- * handed out twice: realloc would keep it while a cache still holds it). */
-static size_t usable_size(void *p, unsigned cls, const char *op) {
+ * handed out twice: realloc would keep it while a cache still holds it). *keepable is
+ * false for a block that may be free all the same (tcache_block_state): realloc moves it,
+ * so its free reaches the double-free check. */
+static size_t usable_size(void *p, unsigned cls, const char *op, bool *keepable) {
+  *keepable = true;
   if (cls == FM_CLASS_MAPPED) return large_usable_size(p, op);
-  size_t usable = cls ? arena_block_usable_size(p, cls) : 0;
-  if (!usable || (cls <= FM_NUM_SPAN_CLASSES && tcache_block_is_free(p, cls)) ||
-      (cls == FM_CLASS_PAGES && tcache_page_block_is_free(p)))
+  size_t usable = cls && cls != FM_CLASS_BINS ? arena_block_usable_size(p, cls) : 0;
+  fm_block_state state = usable && cls <= FM_NUM_SPAN_CLASSES ? tcache_block_state(p, cls) : BLOCK_LIVE;
+  if (!usable || state == BLOCK_FREE || (cls == FM_CLASS_PAGES && tcache_page_block_is_free(p)))
     os_fatal(op, p);
+  *keepable = state == BLOCK_LIVE;
   return usable;
 }
 
@@ -116,7 +120,8 @@ fm_api void *fm_realloc(void *p, size_t size) {
     return NULL;
   }
   unsigned cls = unit_map_class_checked(p);
-  size_t old = usable_size(p, cls, "realloc(): invalid pointer");
+  bool keepable;
+  size_t old = usable_size(p, cls, "realloc(): invalid pointer", &keepable);
   /* A block of whole pages gives back its last pages, or takes the free pages that follow
    * it. */
   if (cls == FM_CLASS_PAGES && size > FM_SMALL_MAX && size <= FM_UNIT_SIZE &&
@@ -124,7 +129,8 @@ fm_api void *fm_realloc(void *p, size_t size) {
     return p;
   /* Keep the block when the new size fits and wastes no more than half of it, or when no
    * smaller class would serve it. */
-  if (size <= old && (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == cls)))
+  if (keepable && size <= old &&
+      (size >= old / 2 || (size <= FM_SMALL_MAX && fm_size_class(size) == cls)))
     return p;
   if (cls == FM_CLASS_MAPPED && size > FM_SMALL_MAX && size <= PTRDIFF_MAX) {
     void *resized = large_realloc(p, size);   /* mremap: no copy, either way */
@@ -198,7 +204,10 @@ void *fm_pvalloc(size_t size) {
 }
 
 fm_api size_t fm_malloc_usable_size(void *p) {
-  return p ? usable_size(p, unit_map_class_checked(p), "malloc_usable_size(): invalid pointer") : 0;
+  bool keepable;
+  return p ? usable_size(p, unit_map_class_checked(p), "malloc_usable_size(): invalid pointer",
+                         &keepable)
+           : 0;
 }
 
 int fm_malloc_trim(size_t pad) { return tcache_trim() > 0; }

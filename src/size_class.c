@@ -15,7 +15,7 @@ const uint32_t fm_class_size[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
     FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21), FM_ROW4(25), FM_ROW4(29),
     FM_TWIN_SIZES,
-    0, 0, 0, /* the large markers */
+    0, 0, 0, 0, /* the markers */
 };
 
 /* Padded: a multiple of 1 KiB up to 8 KiB (see size_class.h). */
@@ -27,7 +27,7 @@ const uint32_t fm_class_stride[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
     FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21), FM_SROW4(25), FM_SROW4(29),
     FM_TWIN_SIZES,
-    0, 0, 0,
+    0, 0, 0, 0,
 };
 _Static_assert(FM_GEOMETRIC(FM_NUM_CLASSES) == FM_SMALL_MAX, "last class is FM_SMALL_MAX");
 

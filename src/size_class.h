@@ -1,8 +1,8 @@
 /* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 8 KiB.
  * Class 0 and the markers are never cached: the unit map stores them for "not ours",
- * "large block in a chunk span", "blocks of whole pages" (8-64 KiB, see arena.h) and
- * "large block in its own mapping", and their tcache bins are always full, so free()
- * reaches its slow path without a test. */
+ * "large block in a chunk span", "blocks of whole pages" (8-64 KiB, see arena.h), "large
+ * block in its own mapping" and "a thread cache's bins", and their tcache bins are always
+ * full, so free() reaches its slow path without a test. */
 #ifndef FM_SIZE_CLASS_H
 #define FM_SIZE_CLASS_H
 
@@ -20,7 +20,8 @@
 #define FM_CLASS_SPAN_LARGE (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */
 #define FM_CLASS_PAGES (FM_NUM_SPAN_CLASSES + 2)       /* unit-map marker: a page span */
 #define FM_CLASS_MAPPED (FM_NUM_SPAN_CLASSES + 3)      /* unit-map marker: its own mapping */
-#define FM_BINS (FM_NUM_SPAN_CLASSES + 4)              /* tcache bins, markers included */
+#define FM_CLASS_BINS (FM_NUM_SPAN_CLASSES + 4)        /* unit-map marker: a bins' array */
+#define FM_BINS (FM_NUM_SPAN_CLASSES + 5)              /* tcache bins, markers included */
 
 /* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */

@@ -10,7 +10,18 @@
 #include "large.h"
 #include "options.h"
 
-__thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
+/* The sentinel: a block whose mark names no slot (its second word is 0), which the slot
+ * below every bin holds, so malloc's mark compare finds an empty bin too; and the one such
+ * slot that every bin of a cache not set up (or gone) points just past. */
+static const uintptr_t never_block[2];
+static void *boot_slot[1] = {(void *)never_block};
+#define BOOT_BIN (&boot_slot[1])
+
+__thread fm_tcache fm_tc __attribute__((tls_model("initial-exec"))) = {
+    .top = {[0 ... FM_BINS - 1] = BOOT_BIN},
+    .low = {[0 ... FM_BINS - 1] = BOOT_BIN},
+    .high = {[0 ... FM_BINS - 1] = BOOT_BIN},
+};
 
 static fm_lock_t init_lock = FM_LOCK_INIT;
 static _Atomic int init_done;
@@ -18,19 +29,17 @@ static bool init_tried;   /* set-up runs once: a failure is final (malloc answer
 static _Atomic int atfork_registered;
 static pthread_key_t thread_key;
 
-/* The bins' arrays of finished threads, linked through their first slot: at most
- * POOL_MAX, so a burst of threads that ends does not keep its arrays' pages for good. */
+/* Every bins' array, under pool_lock: those of live threads, and those of finished threads
+ * kept for the next ones, at most POOL_MAX, so a burst of threads that ends does not keep
+ * its arrays' pages for good. */
 enum { POOL_MAX = 256 };
 static fm_lock_t pool_lock = FM_LOCK_INIT;
-static void **pool_free;
+static fm_bins_array *arrays_in_use, *arrays_pooled;
 static unsigned pool_count;
 /* Live threads dealt each arena (under pool_lock): a new thread takes the lowest arena
  * with the fewest, so threads created one after another reuse one arena's memory rather
  * than spreading the heap over every arena in turn. */
 static unsigned arena_threads[FM_MAX_ARENAS];
-/* Every live thread's cache (under pool_lock): a thread joins at set-up and leaves at exit,
- * before its bins' array can be unmapped. */
-static fm_tcache *live_caches;
 
 /* Bin bounds per class: a thread starts with about 1 KiB (at least one block) a bin, so a
  * thread that allocates little holds little, and a bin doubles on each miss, up to about
@@ -38,9 +47,9 @@ static fm_tcache *live_caches;
  * budget allows. */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
-static size_t start_slots;   /* the slots the start layout takes */
-static size_t slots_bytes;   /* one bins' array: room for every bin at its largest limit
-                                (only the pages the bins reach get touched) */
+static size_t start_slots;   /* the slots the start layout takes, sentinels included */
+static size_t array_bytes;   /* one bins' array: room for every bin at its largest limit
+                                (only the pages the bins reach get touched), whole units */
 /* What all threads' bins have grown beyond their start limits, in bytes: held under
  * 8 x the per-thread budget, so 400 busy threads do not hold 400 full budgets. */
 static size_t grown_bytes;   /* through fm_count_add */
@@ -79,12 +88,13 @@ static void limits_init(void) {
     limit_start[cls] = start < 1 ? 1 : start > 16 ? 16 : start;
     start_bytes += (size_t)limit_start[cls] * fm_class_size[cls];
     limit_max[cls] = most < 2 ? 2 : most > 2048 ? 2048 : most;
-    slots += (size_t)limit_max[cls];
+    slots += 1 + (size_t)limit_max[cls];
     unsigned batch = (8u << 10) / (unsigned)size;
     refill_max[cls] = size > 4096 ? 4 : batch < 32 ? 32 : batch;
-    start_slots += (size_t)start_room(cls);
+    start_slots += 1 + (size_t)start_room(cls);
   }
-  slots_bytes = (slots * sizeof(void *) + FM_PAGE_SIZE - 1) & ~(size_t)(FM_PAGE_SIZE - 1);
+  array_bytes = (sizeof(fm_bins_array) + slots * sizeof(void *) + FM_UNIT_SIZE - 1) &
+                ~(size_t)(FM_UNIT_SIZE - 1);
 }
 
 bool fm_init(void) {
@@ -95,7 +105,7 @@ bool fm_init(void) {
     fm_options_init();
     fm_size_class_init();
     limits_init();
-    fm_mark = (uintptr_t)os_random64();
+    if (!fm_mark) fm_mark = (uintptr_t)os_random64() | 1;   /* (kept by a fork child) */
     arena_init_all();
     if (pthread_key_create(&thread_key, tcache_thread_exit) == 0)
       atomic_store_explicit(&init_done, 1, memory_order_release);
@@ -110,158 +120,199 @@ bool fm_init(void) {
 
 __attribute__((constructor(101))) static void fm_constructor(void) { fm_init(); }
 
+#define LIST_UNLINK(list, node)                            \
+  do {                                                     \
+    if ((node)->prev) (node)->prev->next = (node)->next;   \
+    else *(list) = (node)->next;                           \
+    if ((node)->next) (node)->next->prev = (node)->prev;   \
+  } while (0)
+#define LIST_PUSH(list, node)               \
+  do {                                      \
+    (node)->prev = NULL;                    \
+    (node)->next = *(list);                 \
+    if (*(list)) (*(list))->prev = (node);  \
+    *(list) = (node);                       \
+  } while (0)
+
+/* A new bins' array, marked in the unit map (see fm_bins_array); NULL when out of memory. */
+static fm_bins_array *array_map(void) {
+  fm_bins_array *array = os_map_aligned(array_bytes, FM_UNIT_SIZE);
+  if (array && !unit_map_set(array, array_bytes, FM_CLASS_BINS)) {
+    os_unmap(array, array_bytes);
+    return NULL;
+  }
+  return array;
+}
+
+static void array_unmap(fm_bins_array *array) {
+  unit_map_set(array, array_bytes, 0);
+  os_unmap(array, array_bytes);
+}
+
 /* Gives the new cache tc its bins' array, from the pool of finished threads' or a new
- * mapping; false when out of memory. */
-static bool pool_take(fm_tcache *tc) {
+ * mapping; false when out of memory. Also deals it an arena: the lowest one with the
+ * fewest live threads. */
+static bool cache_join(fm_tcache *tc) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
-  void **slots = pool_free;
-  if (slots) {
-    pool_free = *(void ***)slots;
+  fm_bins_array *array = arrays_pooled;
+  if (array) {
+    LIST_UNLINK(&arrays_pooled, array);
     pool_count--;
   }
   fm_unlock(&pool_lock, threaded);
-  if (!slots) slots = os_map(slots_bytes);
-  tc->slots = slots;
-  return slots != NULL;
-}
-
-/* Takes back an exiting thread's bins' array. */
-static void pool_give(void **slots) {
-  bool threaded = fm_threaded();
+  if (!array && !(array = array_map())) return false;
+  tc->bins = array;
   fm_lock(&pool_lock, threaded);
-  bool kept = pool_count < POOL_MAX;
-  if (kept) {
-    *(void ***)slots = pool_free;
-    pool_free = slots;
-    pool_count++;
-  }
-  fm_unlock(&pool_lock, threaded);
-  if (!kept) os_unmap(slots, slots_bytes);
-}
-
-/* A new thread's cache joins the live ones and takes its arena: the lowest one with the
- * fewest live threads. */
-static void cache_join(fm_tcache *tc) {
-  bool threaded = fm_threaded();
-  fm_lock(&pool_lock, threaded);
+  array->in_use = true;
+  LIST_PUSH(&arrays_in_use, array);
   unsigned least = 0;
   for (unsigned i = 1; i < fm_arena_count; i++)
     if (arena_threads[i] < arena_threads[least]) least = i;
   arena_threads[least]++;
   tc->arena = &fm_arenas[least];
-  tc->live_prev = NULL;
-  tc->live_next = live_caches;
-  if (live_caches) live_caches->live_prev = tc;
-  live_caches = tc;
   fm_unlock(&pool_lock, threaded);
+  return true;
 }
 
-/* An exiting thread's cache leaves the live ones and gives its place in its arena back. */
+/* An exiting thread's cache, flushed, gives its place in its arena and its bins' array
+ * back. */
 static void cache_leave(fm_tcache *tc) {
+  fm_bins_array *array = tc->bins;
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
   arena_threads[tc->arena - fm_arenas]--;
-  if (tc->live_prev) tc->live_prev->live_next = tc->live_next;
-  else live_caches = tc->live_next;
-  if (tc->live_next) tc->live_next->live_prev = tc->live_prev;
+  LIST_UNLINK(&arrays_in_use, array);
+  array->in_use = false;
+  bool kept = pool_count < POOL_MAX;
+  if (kept) {
+    LIST_PUSH(&arrays_pooled, array);
+    pool_count++;
+  }
   fm_unlock(&pool_lock, threaded);
+  if (!kept) array_unmap(array);
 }
 
-/* Whether bin cls of cache tc holds p. The bin may be another thread's, changing under us
- * (see other_cache_holds): its range is read as one pair, each slot once. */
-static bool tcache_bin_holds(const fm_tcache *tc, unsigned cls, const void *p) {
-  void **low, **top;
-  /* low read again after top: a bin moving up (bin_widen) between the two reads would give
-   * its old low with its new top, a range over slots it left stale (blocks handed out). */
-  do {
-    low = __atomic_load_n(&tc->low[cls], __ATOMIC_ACQUIRE);
-    top = __atomic_load_n(&tc->top[cls], __ATOMIC_ACQUIRE);
-  } while (low != __atomic_load_n(&tc->low[cls], __ATOMIC_ACQUIRE));
-  fm_assert(low == top || (low >= tc->slots && top <= tc->slots + slots_bytes / sizeof(void *)));
-  for (void **b = low; b < top; b++)
-    if (__atomic_load_n(b, __ATOMIC_RELAXED) == p) return true;
-  return false;
-}
-
-/* Whether cache tc (maybe another thread's, changing under us) holds page block p: each
- * slot read once. */
-static bool cache_holds_page_block(const fm_tcache *tc, const void *p) {
-  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
-    if (__atomic_load_n(&tc->page_blocks[pages], __ATOMIC_ACQUIRE) == p) return true;
-  return false;
-}
-
-/* Whether cache tc holds block p of class cls: in its bin, or for FM_CLASS_PAGES among
- * its page blocks. */
-static bool cache_holds(const fm_tcache *tc, unsigned cls, const void *p) {
-  return cls == FM_CLASS_PAGES ? cache_holds_page_block(tc, p) : tcache_bin_holds(tc, cls, p);
-}
-
-/* Whether another live thread's cache holds p, of class cls (cache_holds). Those bins
- * change under us (pops, pushes, moves to a wider layout), so tcache_bin_holds reads a
- * bin's range as one pair and each slot once: a range read across a move still lies in
- * that thread's bins' array, which stays mapped while the thread is listed. What keeps a
- * live block from being found: a bin's range [low, top) takes a block only once its slot
- * is written (tcache_push), and gives it up before the block goes back to its span
- * (tcache_flush_oldest, bin_move_all, tcache_flush_all) or to the program (tcache_pop); a
- * move brings a bin's blocks into the old range of a bin of another class, whose blocks
- * lie in other spans. */
-static bool other_cache_holds(unsigned cls, const void *p) {
+/* Whether a thread's cache other than the calling one's holds page block p, of `pages`
+ * pages. The arrays stay mapped while listed; their slots change under us, each read once. */
+static bool other_cache_holds_page_block(const void *p, unsigned pages) {
   bool threaded = fm_threaded(), found = false;
   fm_lock(&pool_lock, threaded);
-  for (fm_tcache *tc = live_caches; tc && !found; tc = tc->live_next)
-    found = tc != &fm_tc && cache_holds(tc, cls, p);
+  for (fm_bins_array *array = arrays_in_use; array && !found; array = array->next)
+    found = array != fm_tc.bins &&
+            __atomic_load_n(&array->page_blocks[pages], __ATOMIC_ACQUIRE) == p;
   fm_unlock(&pool_lock, threaded);
   return found;
 }
 
 bool tcache_marked_page_block_is_free(const void *p) {
-  return cache_holds_page_block(&fm_tc, p) || other_cache_holds(FM_CLASS_PAGES, p);
+  unsigned pages = page_block_pages(p);
+  fm_tcache *tc = &fm_tc;
+  if (!pages) return false;
+  if (tc->state == FM_TCACHE_LIVE && tc->bins->page_blocks[pages] == p) return true;
+  return other_cache_holds_page_block(p, pages);
 }
 
 /* Unmaps the pooled bins' arrays of finished threads (malloc_trim); returns the bytes. */
 static size_t pool_release(void) {
   bool threaded = fm_threaded();
   fm_lock(&pool_lock, threaded);
-  void **slots = pool_free;
-  pool_free = NULL;
+  fm_bins_array *array = arrays_pooled;
+  arrays_pooled = NULL;
   pool_count = 0;
   fm_unlock(&pool_lock, threaded);
   size_t released = 0;
-  while (slots) {
-    void **next = *(void ***)slots;
-    os_unmap(slots, slots_bytes);
-    released += slots_bytes;
-    slots = next;
+  while (array) {
+    fm_bins_array *next = array->next;
+    array_unmap(array);
+    released += array_bytes;
+    array = next;
   }
   return released;
 }
 
 static int32_t bin_count(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->top[cls] - tc->low[cls]); }
-
-/* Moves bin cls's top on a slow path. Other threads' double-free searches read it
- * (other_cache_holds): a release store, so the slots below a raised top are written
- * before it, and a bin emptied before its blocks go back reads empty before they do. */
-static void bin_set_top(fm_tcache *tc, unsigned cls, void **top) {
-  __atomic_store_n(&tc->top[cls], top, __ATOMIC_RELEASE);
-}
 static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->high[cls] - tc->low[cls]); }
 
-/* The slots set aside for bin cls: up to the next bin's low end (the last bin's: the
+/* The slots set aside for bin cls: up to the next bin's sentinel (the last bin's: the
  * layout's end). A bin's limit may grow up to it without moving anything. */
 static int32_t bin_capacity(const fm_tcache *tc, unsigned cls) {
-  void **end = cls < FM_NUM_SPAN_CLASSES ? tc->low[cls + 1] : tc->layout_end;
+  void **end = cls < FM_NUM_SPAN_CLASSES ? tc->low[cls + 1] - 1 : tc->layout_end;
   return (int32_t)(end - tc->low[cls]);
 }
 
-/* The start layout: the bins in class order, each with its start limit and room. */
+/* Reports a block whose mark does not name its slot: freed twice, or written into while
+ * free. */
+static fm_noinline void mark_mismatch(void *p) {
+  os_fatal("double free or corruption of a free block", p);
+}
+
+/* Checks block p of bin cls in `slot`: it lies in a span of the bin's class (the cache
+ * took it on the unit map's word, and a bad pointer's span may be gone by now: reported
+ * before anything is read), and its mark names the slot. */
+static void bin_block_check(void *p, void **slot, unsigned cls) {
+  if (fm_unlikely(unit_map_class(p) != cls)) os_fatal("free(): invalid pointer", p);
+  if (fm_unlikely(!mark_matches(p, slot))) mark_mismatch(p);
+}
+
+/* Checks the blocks of bin cls's slots [from, from + n) and gives each FM_FREED_MARK
+ * instead of its slot's: they go back to their spans. */
+static void blocks_leave_bin(void **from, size_t n, unsigned cls) {
+  for (size_t i = 0; i < n; i++) {
+    bin_block_check(from[i], &from[i], cls);
+    mark_set(from[i], (const void *)FM_FREED_MARK);
+  }
+}
+
+/* Moves n blocks of bin cls from slots `from` to slots `to` (the ranges may overlap),
+ * checking them and making their marks name their new slots. */
+static void blocks_move(void **from, void **to, size_t n, unsigned cls) {
+  for (size_t k = 0; k < n; k++) {
+    size_t i = to > from ? n - 1 - k : k;
+    void *p = from[i];
+    bin_block_check(p, &from[i], cls);
+    to[i] = p;
+    mark_set(p, &to[i]);
+  }
+}
+
+/* Pops the top block of non-empty bin cls, checking its mark (the fast path's test, on a
+ * slow path). */
+static void *bin_pop(fm_tcache *tc, unsigned cls) {
+  void **top = tc->top[cls] - 1;
+  void *p = *top;
+  if (!mark_matches(p, top)) mark_mismatch(p);
+  tc->top[cls] = top;
+  return p;
+}
+
+/* Pushes p onto bin cls, which has room. */
+static void bin_push(fm_tcache *tc, unsigned cls, void *p) {
+  void **top = tc->top[cls];
+  mark_set(p, top);
+  *top = p;
+  tc->top[cls] = top + 1;
+}
+
+/* Bin cls's bounds, with its sentinel below low. */
+static void bin_place(fm_tcache *tc, unsigned cls, void **low, int32_t count, int32_t limit) {
+  low[-1] = (void *)never_block;
+  tc->low[cls] = low;
+  tc->top[cls] = low + count;
+  tc->high[cls] = low + limit;
+}
+
+static void bins_set_sentinels(fm_tcache *tc) {
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) tc->low[cls][-1] = (void *)never_block;
+}
+
+/* The start layout: the bins in class order, each after its sentinel, with its start
+ * limit and room. */
 static void tcache_layout_start(fm_tcache *tc) {
-  void **at = tc->slots;
+  void **at = tc->bins->slots;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    tc->low[cls] = tc->top[cls] = at;
-    tc->high[cls] = at + limit_start[cls];
-    at += start_room(cls);
+    bin_place(tc, cls, at + 1, 0, limit_start[cls]);
+    at += 1 + start_room(cls);
   }
   tc->layout_end = at;
 }
@@ -273,13 +324,16 @@ static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
   for (unsigned c = FM_NUM_SPAN_CLASSES; c > cls; c--) {
     int32_t count = bin_count(tc, c);
     void **low = tc->low[c] + delta;
-    if (count) memmove(low, tc->low[c], (size_t)count * sizeof(void *));
-    /* low before top, both after the blocks moved (see tcache_bin_holds) */
-    __atomic_store_n(&tc->low[c], low, __ATOMIC_RELEASE);
-    bin_set_top(tc, c, low + count);
-    tc->high[c] += delta;
+    blocks_move(tc->low[c], low, (size_t)count, c);
+    bin_place(tc, c, low, count, bin_limit(tc, c));
   }
   tc->layout_end += delta;
+}
+
+/* A cache not set up, or gone with its thread: every bin at the boot slot. */
+static void tcache_reset(fm_tcache *tc, uint8_t state) {
+  *tc = (fm_tcache){.state = state};
+  for (unsigned cls = 0; cls < FM_BINS; cls++) tc->top[cls] = tc->low[cls] = tc->high[cls] = BOOT_BIN;
 }
 
 /* Sets up the calling thread's cache, or marks it dead when that is impossible. */
@@ -290,12 +344,11 @@ static void tcache_thread_set_up(fm_tcache *tc) {
   }
   /* The first call's set-up may have allocated (pthread_atfork), setting this thread up. */
   if (tc->state != FM_TCACHE_BOOT) return;
-  if (!pool_take(tc)) {
+  if (!cache_join(tc)) {
     tc->state = FM_TCACHE_DEAD;
     return;
   }
   tcache_layout_start(tc);
-  cache_join(tc);   /* listed with its bins set: other_cache_holds reads them from now on */
   memcpy(tc->class_of_granule, fm_class_of_granule, sizeof tc->class_of_granule);
   tc->limit_bytes = start_bytes;
   /* Live before pthread_setspecific: it callocs for high key numbers. */
@@ -328,12 +381,10 @@ static void tcache_flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
   if (n <= 0) return;
   void **low = tc->low[cls];
   int32_t keep = bin_count(tc, cls) - n;
-  /* Empty to other_cache_holds while the blocks go back: once back in their spans they
-   * may be handed out again, and a live block seen in this bin would read as freed. */
-  bin_set_top(tc, cls, low);
+  blocks_leave_bin(low, (size_t)n, cls);
   arena_free_blocks(low, (size_t)n);
-  memmove(low, low + n, (size_t)keep * sizeof(void *));
-  bin_set_top(tc, cls, low + keep);
+  blocks_move(low + n, low, (size_t)keep, cls);
+  tc->top[cls] = low + keep;
 }
 
 /* Sets bin cls's limit, under the byte accounting: the oldest blocks beyond it go back. */
@@ -354,16 +405,16 @@ enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2 };
 /* Gives cached page block p back to its arena, without the mark: a block the arena hands
  * out again then reads as live, with no search of the caches at its free. */
 static void page_block_give_back(void *p) {
-  mark_set(p, 0);
+  mark_set(p, NULL);
   arena_free_pages(p);
 }
 
 /* Gives the cached page blocks back to their arenas. */
 static void tcache_flush_page_blocks(fm_tcache *tc) {
   for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++) {
-    void *p = tc->page_blocks[pages];
+    void *p = tc->bins->page_blocks[pages];
     if (!p) continue;
-    __atomic_store_n(&tc->page_blocks[pages], NULL, __ATOMIC_RELEASE);   /* (before it goes) */
+    __atomic_store_n(&tc->bins->page_blocks[pages], NULL, __ATOMIC_RELEASE);   /* (before it goes) */
     page_block_give_back(p);
   }
 }
@@ -421,11 +472,11 @@ void *tcache_malloc_pages(size_t size) {
   unsigned pages = (unsigned)((size + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE);
   /* A block one page longer serves too: with blocks of random lengths, 64 % of mallocs
    * found one instead of 53 % (a simulation of medium). */
-  void *p = tc->page_blocks[pages];
-  if (!p && pages < FM_PAGES_PER_UNIT && (p = tc->page_blocks[pages + 1])) pages++;
+  void *p = tc->bins->page_blocks[pages];
+  if (!p && pages < FM_PAGES_PER_UNIT && (p = tc->bins->page_blocks[pages + 1])) pages++;
   if (p) {
-    __atomic_store_n(&tc->page_blocks[pages], NULL, __ATOMIC_RELEASE);
-    mark_set(p, 0);
+    __atomic_store_n(&tc->bins->page_blocks[pages], NULL, __ATOMIC_RELEASE);
+    mark_set(p, NULL);
     tc->activity[FM_CLASS_PAGES] |= BIN_REFILLED;
     return p;
   }
@@ -443,12 +494,12 @@ static fm_noinline void free_pages_slow(void *p) {
   unsigned pages = page_block_pages(p);
   if (!pages || tc->state != FM_TCACHE_LIVE) return arena_free_pages(p);
   large_path_sweep();   /* (it may give the cached blocks back: before reading them) */
-  void *cached = tc->page_blocks[pages];
+  void *cached = tc->bins->page_blocks[pages];
   if (cached == p || tcache_page_block_is_free(p)) os_fatal("free(): double free detected", p);
   tc->activity[FM_CLASS_PAGES] |= BIN_OVERFLOWED;
   if (cached) return arena_free_pages(p);
-  mark_set(p, fm_mark);
-  __atomic_store_n(&tc->page_blocks[pages], p, __ATOMIC_RELEASE);
+  mark_set(p, (const void *)FM_FREED_MARK);
+  __atomic_store_n(&tc->bins->page_blocks[pages], p, __ATOMIC_RELEASE);
 }
 
 fm_arena *tcache_large_arena(void) {
@@ -471,6 +522,19 @@ static bool tcache_grow(fm_tcache *tc, unsigned cls) {
   return true;
 }
 
+/* A block from arena_alloc_batch, untagged. One handed out before in its span must still
+ * carry the mark its way back wrote: anything else was written into it while it was free,
+ * or it was freed again after it went back (it also sits in a bin, or a program owns it
+ * again), and the span must not hand it out a second time. */
+static void *block_recycled_check(void *tagged) {
+  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)FM_BLOCK_RECYCLED;
+  if (FM_FREE_MARK && (uintptr_t)tagged != p) {
+    uintptr_t mark = ((const uintptr_t *)p)[1];
+    if (mark != FM_FREED_MARK && mark != 0) mark_mismatch((void *)p);
+  }
+  return (void *)p;
+}
+
 /* zeroed: for calloc (see arena_alloc_batch); when set, the bin stays empty and the one
  * block taken is at its low end. */
 static bool tcache_refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
@@ -483,10 +547,14 @@ static bool tcache_refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
     tcache_grow(tc, cls);
   unsigned want = (unsigned)(bin_limit(tc, cls) + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, tc->low[cls], zeroed);
+  void **low = tc->low[cls];
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, low, zeroed);
   if (!got) return false;
-  bin_set_top(tc, cls, tc->low[cls] + (zeroed && *zeroed ? 0 : got));
   tc->activity[cls] |= BIN_REFILLED;
+  if (zeroed && *zeroed) return true;   /* (a block never handed out: no tag, no mark) */
+  for (unsigned i = 0; i < got; i++) low[i] = block_recycled_check(low[i]);
+  for (unsigned i = 0; i < got; i++) mark_set(low[i], &low[i]);
+  tc->top[cls] = low + got;
   return true;
 }
 
@@ -505,8 +573,9 @@ static bool bin_is_free_only(const fm_tcache *tc, unsigned cls) {
 static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) {
   size_t count = (size_t)bin_count(tc, cls);
   if (n + count > FREE_ONLY_BATCH) return n;   /* it waits for the next batch */
+  blocks_leave_bin(tc->low[cls], count, cls);
   memcpy(batch + n, tc->low[cls], count * sizeof(void *));
-  bin_set_top(tc, cls, tc->low[cls]);
+  tc->top[cls] = tc->low[cls];
   return n + count;
 }
 
@@ -541,44 +610,47 @@ static void tcache_overflow(fm_tcache *tc, unsigned cls) {
 }
 
 /* Every bin in one array, so the arenas are locked once each, not once a bin: the bins
- * lie in class order, so each moves down to follow the previous one. */
+ * lie in class order, so each moves down to follow the previous one (over the sentinels,
+ * set again after). */
 static void tcache_flush_all(fm_tcache *tc) {
   tcache_flush_page_blocks(tc);
-  void **end = tc->slots;
+  void **start = tc->bins->slots, **end = start;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t count = bin_count(tc, cls);
+    blocks_leave_bin(tc->low[cls], (size_t)count, cls);
     if (count) memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
     end += count;
-    bin_set_top(tc, cls, tc->low[cls]);
+    tc->top[cls] = tc->low[cls];
   }
-  if (end > tc->slots) arena_free_blocks(tc->slots, (size_t)(end - tc->slots));
+  if (end > start) arena_free_blocks(start, (size_t)(end - start));
+  bins_set_sentinels(tc);
 }
 
-/* Purges the pages of the (empty) bins' array from `from` up to the layout's end. */
+/* Purges the pages of the (empty) bins' array from `from` up to the layout's end, and
+ * writes the sentinels again. */
 static void slots_purge(fm_tcache *tc, void **from) {
   uintptr_t page = FM_PAGE_SIZE - 1;
   char *start = (char *)(((uintptr_t)from + page) & ~page);
   char *end = (char *)(((uintptr_t)tc->layout_end + page) & ~page);
   if (end > start) os_purge(start, (size_t)(end - start));
+  bins_set_sentinels(tc);
 }
 
 static void tcache_thread_exit(void *arg) {
   fm_tcache *tc = arg;
   tcache_flush_all(tc);
   fm_count_add(&grown_bytes, start_bytes - tc->limit_bytes);
-  cache_leave(tc);
   /* The pages that grown bins took go back: the next thread starts small. */
-  slots_purge(tc, tc->slots + start_slots);
-  pool_give(tc->slots);
-  *tc = (fm_tcache){.state = FM_TCACHE_DEAD};
+  slots_purge(tc, tc->bins->slots + start_slots);
+  cache_leave(tc);
+  tcache_reset(tc, FM_TCACHE_DEAD);
 }
 
 /* One block straight from the arena, for threads whose cache is gone. */
 static void *arena_malloc_one(unsigned cls) {
   void *block;
   if (!arena_alloc_batch(&fm_arenas[0], cls, 1, &block, NULL)) return NULL;
-  mark_set(block, 0);
-  return block;
+  return block_recycled_check(block);
 }
 
 /* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
@@ -592,10 +664,11 @@ static void *malloc_slow(fm_tcache *tc, unsigned cls, bool *zeroed) {
       if (block) return block;
     } else {
       tcache_idle_sweep(tc);
-      /* A nested call (pthread_setspecific) may have filled the bin. */
-      if (tc->top[cls] != tc->low[cls]) return tcache_pop(cls, tc->top[cls]);
+      /* The fast path's compare failed on a bin that is not empty (bin_pop reports it), or
+       * a nested call (pthread_setspecific) filled the bin. */
+      if (tc->top[cls] != tc->low[cls]) return bin_pop(tc, cls);
       if (tcache_refill(tc, cls, zeroed))
-        return zeroed && *zeroed ? tc->low[cls][0] : tcache_pop(cls, tc->top[cls]);
+        return zeroed && *zeroed ? tc->low[cls][0] : bin_pop(tc, cls);
     }
     if (retried || !tcache_release_for_retry()) break;
   }
@@ -613,7 +686,7 @@ void *tcache_calloc_paged(size_t size) {
   bool zeroed = false;
   void *p;
   if (fm_tc.top[cls] != fm_tc.low[cls]) {
-    p = tcache_pop(cls, fm_tc.top[cls]);
+    p = bin_pop(&fm_tc, cls);
   } else {
     fm_tcache *tc = tcache_current();
     p = malloc_slow(tc, cls ? cls : fm_size_class(size), &zeroed);   /* the table is filled now */
@@ -622,32 +695,39 @@ void *tcache_calloc_paged(size_t size) {
   return p;
 }
 
-/* The mark alone is not proof: recycled memory holds old marks wherever blocks of another
- * layout started, and a program may legally copy such uninitialized bytes into a live
- * block's second word (gcc does, when built under LD_PRELOAD). So a marked block counts
- * as free only when it is in this thread's bin, free in its span, or in another thread's
- * bin. (A dead or unset cache has no bins: all its bounds are NULL.) */
-bool tcache_marked_block_is_free(void *p, unsigned cls) {
-  return tcache_bin_holds(&fm_tc, cls, p) || arena_block_is_free(p) || other_cache_holds(cls, p);
+/* A block's second word is a mark only if the block is free, and a live block may hold
+ * anything there, old marks included (a program may copy uninitialized bytes). A mark
+ * naming a slot of this thread's bin that holds p is proof; FM_FREED_MARK is checked
+ * against the span; a slot of another thread's bins cannot be checked without reading that
+ * thread's bounds, which could be gone with it. */
+fm_block_state tcache_block_state(void *p, unsigned cls) {
+  if (!FM_FREE_MARK) return BLOCK_LIVE;
+  void **mark = ((void **const *)p)[1];
+  if ((uintptr_t)mark == FM_FREED_MARK) return arena_block_is_free(p) ? BLOCK_FREE : BLOCK_LIVE;
+  fm_tcache *tc = &fm_tc;
+  if (tc->state == FM_TCACHE_LIVE && mark >= tc->bins->slots && mark < tc->layout_end)
+    return mark >= tc->low[cls] && mark < tc->top[cls] && *mark == p ? BLOCK_FREE : BLOCK_LIVE;
+  return unit_map_class_checked(mark) == FM_CLASS_BINS ? BLOCK_UNSURE : BLOCK_LIVE;
 }
 
 /* free of p, not NULL, whose unit-map class is cls (not a page block's). */
 static fm_noinline void free_slow(void *p, unsigned cls) {
-  if (cls == 0) os_fatal("free(): invalid pointer", p);
+  if (cls == 0 || cls == FM_CLASS_BINS) os_fatal("free(): invalid pointer", p);
   if (cls > FM_NUM_SPAN_CLASSES) {
     large_path_sweep();
     return cls == FM_CLASS_MAPPED ? large_free(p, thread_arena()) : arena_free_span_large(p);
   }
   if ((uintptr_t)p & 15) os_fatal("free(): invalid pointer", p);
   fm_tcache *tc = tcache_current();
-  if (tcache_block_is_free(p, cls)) os_fatal("free(): double free detected", p);
+  if (tcache_block_state(p, cls) == BLOCK_FREE) os_fatal("free(): double free detected", p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
+    mark_set(p, (const void *)FM_FREED_MARK);
     arena_free_blocks(&p, 1);
     return;
   }
   tcache_idle_sweep(tc);
   if (tc->top[cls] == tc->high[cls]) tcache_overflow(tc, cls);
-  tcache_push(cls, tc->top[cls], p, fm_mark);
+  bin_push(tc, cls, p);
 }
 
 /* free never changes errno: the OS calls on its slow paths put it back (os.c), and so
@@ -669,7 +749,7 @@ static size_t release_held(bool purge) {
   size_t released = large_expire(true) + pool_release();
   if (fm_tc.state == FM_TCACHE_LIVE) {
     tcache_flush_all(&fm_tc);
-    if (purge) slots_purge(&fm_tc, fm_tc.slots);   /* bookkeeping, not counted as released heap */
+    if (purge) slots_purge(&fm_tc, fm_tc.bins->slots);   /* bookkeeping, not counted as released heap */
   }
   bool threaded = fm_threaded();
   for (unsigned i = 0; i < fm_arena_count; i++) {
@@ -740,8 +820,12 @@ static void fork_child_repair(void) {
   fm_lock_fork_window(0, NULL);
   if (fm_lock_after_fork_child(&init_lock) && !atomic_load(&init_done)) init_tried = false;
   if (fm_lock_after_fork_child(&pool_lock)) {
-    pool_free = NULL;   /* the pooled arrays stay mapped, unused */
+    arrays_in_use = arrays_pooled = NULL;   /* the arrays stay mapped, unused */
     pool_count = 0;
+    if (fm_tc.state == FM_TCACHE_LIVE) {
+      fm_tc.bins->next = fm_tc.bins->prev = NULL;
+      arrays_in_use = fm_tc.bins;
+    }
   }
   large_after_fork_child();
   arena_after_fork_child();
@@ -749,12 +833,7 @@ static void fork_child_repair(void) {
   bool own = fm_tc.state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? fm_tc.limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
   memset(arena_threads, 0, sizeof arena_threads);
-  live_caches = NULL;
-  if (own) {
-    arena_threads[fm_tc.arena - fm_arenas] = 1;
-    fm_tc.live_next = fm_tc.live_prev = NULL;
-    live_caches = &fm_tc;
-  }
+  if (own) arena_threads[fm_tc.arena - fm_arenas] = 1;
 }
 
 static void fork_child(void) {

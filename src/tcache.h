@@ -3,34 +3,67 @@
  * test. Every miss tail-calls a noinline slow path in tcache.c.
  *
  * A bin is a stack of block pointers in the cache's own memory, not a list linked through
- * the free blocks: a pop reads no block (so no dependent load, no cache miss on a cold
- * block, nothing a stray write into a free block could redirect), and refill and flush
- * move pointers without touching the blocks at all. The only word the cache writes into
- * a free block is the double-free mark.
- * Measured cost (x86-64, gcc 12, hardening on): malloc hit 13 instructions (17 from 1 KiB
- * to 8 KiB), free hit 15. */
+ * the free blocks: a pop follows no link in a block (nothing a stray write into a free
+ * block could redirect), and refill and flush move pointers. The one word the cache
+ * writes into a free block is its mark, for the double-free check below.
+ * Cost (x86-64, gcc 12, check on): malloc hit 13 instructions, free hit 15. */
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
 
 #include "arena.h"
 
+/* The double-free check (FM_FREE_MARK). No block may be handed out twice, and every
+ * double free is reported, at the latest when the duplicate is reached:
+ * - free writes into the block's second word the address of the bin slot it pushes the
+ *   block to, without reading the block;
+ * - malloc pops a block only if its mark is the slot it pops it from: a block freed twice
+ *   sits in two slots, one of which its mark cannot name (nor can a mark overwritten by a
+ *   write into a free block);
+ * - blocks leave a bin for their span only with the right mark (the flush checks them),
+ *   carrying FM_FREED_MARK instead, and a refill that takes a block handed out before
+ *   checks it still carries that (or zero, if its page was purged): so a block freed
+ *   again after its first free reached the span is caught when the span would hand it
+ *   out twice;
+ * - a free that finds its block on top of the bin reports at once (free(p); free(p)).
+ * An empty bin's top slot holds a sentinel block whose mark matches no slot, so malloc's
+ * one compare also finds the bin empty. */
+#define FM_FREED_MARK fm_mark
+
 /* A thread's cache lives in the thread's static TLS, so the fast paths address it off
- * %fs directly: no load of a cache pointer. Zero is a valid state, FM_TCACHE_BOOT: every
- * bin pointer NULL, so every bin is empty and full at once, and the first malloc and the
+ * %fs directly: no load of a cache pointer. Its initial image is FM_TCACHE_BOOT: every bin
+ * empty and full at once (all bounds at the one sentinel), so the first malloc and the
  * first free take the slow path, which sets the thread up. After the thread's exit its
- * cache is zeroed again, in state FM_TCACHE_DEAD: calls still arriving go to the arenas. */
+ * cache goes back to that image, in state FM_TCACHE_DEAD: calls still arriving go to the
+ * arenas. */
 enum { FM_TCACHE_BOOT, FM_TCACHE_LIVE, FM_TCACHE_DEAD };
 
 /* Requests up to this size find their class in the cache's own copy of the size table;
  * larger ones take one call more. The copy stops here to keep the cache small (about
- * 1.4 KiB of TLS): a dlopen'ed copy of the library then fits in glibc's spare static TLS. */
+ * 1.3 KiB of TLS): a dlopen'ed copy of the library then fits in glibc's spare static TLS. */
 #define FM_TABLED_MAX 1024u
+
+/* A thread's bins and cached page blocks, in memory of the allocator's own (mapped, and
+ * marked FM_CLASS_BINS in the unit map, so a mark is known for a slot address without
+ * reading a thread's TLS). Arrays are pooled when their threads end. */
+typedef struct fm_bins_array {
+  struct fm_bins_array *next, *prev;   /* every array, in use or pooled (tcache.c) */
+  bool in_use;
+  /* The thread's last freed page block of each length in pages (8-64 KiB, see arena.h),
+   * for its next malloc of that length: without it, each malloc and free of such a
+   * block took the arena's page span lists (about 200 instructions). One a length, so
+   * the cache pins little: at most one block of each length, 0.53 MiB in all. A cached
+   * block's second word holds FM_FREED_MARK; other threads search these slots for a page
+   * block freed twice. */
+  void *page_blocks[FM_PAGES_PER_UNIT + 1];
+  void *slots[];   /* the bins, each after a slot holding the sentinel */
+} fm_bins_array;
 
 typedef struct fm_tcache {
   /* Bin cls holds the blocks at low[cls] .. top[cls] - 1, the newest on top, and has room
-   * up to high[cls]: malloc misses at top == low, free at top == high. All three are NULL
-   * in the bins of class 0 and of the large markers, so those always miss. The bins lie
-   * in class order in one array (`slots`), each with room for its limit or more. */
+   * up to high[cls]; low[cls][-1] holds the sentinel. Free misses at top == high. In the
+   * bins of class 0 and of the markers all three point just past the static sentinel, so
+   * those always miss. The bins lie in class order in one array, each with room for its
+   * limit or more. */
   void **top[FM_BINS];
   void **low[FM_BINS];
   void **high[FM_BINS];
@@ -41,20 +74,12 @@ typedef struct fm_tcache {
   uint8_t activity[FM_BINS]; /* BIN_REFILLED | BIN_OVERFLOWED since the last idle sweep */
   uint8_t state;             /* FM_TCACHE_BOOT, _LIVE or _DEAD */
   fm_arena *arena;
-  void **slots;              /* the bins' array: room for every bin at its largest limit */
+  fm_bins_array *bins;       /* room for every bin at its largest limit */
   void **layout_end;         /* the end of the last bin's room; a layout only ever grows,
                                 so no slot above it was touched */
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
   uint32_t sweep_epoch;      /* the arena's purge tick count at the last idle sweep */
-  /* The thread's last freed page block of each length in pages (8-64 KiB, see arena.h),
-   * for its next malloc of that length: without it, each malloc and free of such a
-   * block took the arena's page span lists (about 200 instructions). One a length, so
-   * the cache pins little: at most one block of each length, 0.53 MiB in all. */
-  void *page_blocks[FM_PAGES_PER_UNIT + 1];
-  /* The list of live threads' caches (under tcache.c's pool_lock), which a free of a
-   * marked block searches for a double free from another thread. */
-  struct fm_tcache *live_next, *live_prev;
 } fm_tcache;
 
 extern fm_hidden __thread fm_tcache fm_tc __attribute__((tls_model("initial-exec")));
@@ -75,34 +100,16 @@ fm_noinline void *tcache_calloc_paged(size_t size);
 /* gcc would otherwise compute &fm_tc.top[cls] with one more instruction, to share it
  * between the load and the store of top: this hides that they share cls. */
 #define FM_SPLIT_ADDRESS(cls) __asm__("" : "+r"(cls))
+/* Makes gcc give the popped block a register of its own (the return value's), instead of
+ * one it then copies there: one instruction. */
+#define FM_OWN_REGISTER(value) __asm__("" : "+r"(value))
 
-/* The double-free mark (DESIGN §6): a cached block's second word holds `mark` (fm_mark, a
- * random key: user data matches it by chance only). Builds without FM_FREE_MARK neither
- * write nor read it. */
-static fm_always_inline bool mark_found(const void *block, uintptr_t mark) {
-  return FM_FREE_MARK && ((const uintptr_t *)block)[1] == mark;
+/* Whether block's mark names `slot` (always, without the check). */
+static fm_always_inline bool mark_matches(const void *block, void *const *slot) {
+  return !FM_FREE_MARK || ((void *const *const *)block)[1] == slot;
 }
-static fm_always_inline void mark_set(void *block, uintptr_t mark) {
-  if (FM_FREE_MARK) ((uintptr_t *)block)[1] = mark;
-}
-
-/* Pops a block from a bin whose top (already loaded) is known to be above its low end. */
-static fm_always_inline void *tcache_pop(size_t cls, void **top) {
-  FM_SPLIT_ADDRESS(cls);
-  fm_tc.top[cls]--;
-  void *block = top[-1];
-  mark_set(block, 0);
-  return block;
-}
-
-/* Pushes freed block p, marked, onto bin cls, whose top (already loaded) is below its
- * high end. */
-static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintptr_t mark) {
-  mark_set(p, mark);
-  *top = p;
-  __asm__("" ::: "memory");   /* the slot before the top: other threads search the range */
-  FM_SPLIT_ADDRESS(cls);
-  fm_tc.top[cls]++;
+static fm_always_inline void mark_set(void *block, const void *mark) {
+  if (FM_FREE_MARK) ((const void **)block)[1] = mark;
 }
 
 /* A block of class cls for a request of `size` bytes. A class from a size table
@@ -110,8 +117,20 @@ static fm_always_inline void tcache_push(size_t cls, void **top, void *p, uintpt
  * read class 0, whose bin is always empty. Aligned requests pick their class otherwise. */
 static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool by_size) {
   void **top = fm_tc.top[cls];
-  if (fm_unlikely(top == fm_tc.low[cls])) return tcache_malloc_miss(size, by_size ? 0 : (unsigned)cls);
-  return tcache_pop(cls, top);
+  void *block = top[-1];
+  FM_OWN_REGISTER(block);
+  void **slot = top - 1;
+  bool empty_or_bad;
+  if (FM_FREE_MARK) {
+    empty_or_bad = !mark_matches(block, slot);
+  } else {
+    FM_SPLIT_ADDRESS(cls);
+    empty_or_bad = slot + 1 == fm_tc.low[cls];
+  }
+  if (fm_unlikely(empty_or_bad)) return tcache_malloc_miss(size, by_size ? 0 : (unsigned)cls);
+  FM_SPLIT_ADDRESS(cls);
+  fm_tc.top[cls] = slot;
+  return block;
 }
 
 static fm_always_inline void *tcache_malloc(size_t size) {
@@ -123,29 +142,30 @@ static fm_always_inline void tcache_free(void *p) {
   size_t cls = unit_map_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
   void **top = fm_tc.top[cls];
   if (fm_unlikely(top == fm_tc.high[cls])) return tcache_free_miss(p);
-  uintptr_t mark = fm_mark;
-  if (fm_unlikely(mark_found(p, mark))) return tcache_free_miss(p);   /* double free? */
-  tcache_push(cls, top, p, mark);
+  if (FM_FREE_MARK && fm_unlikely(top[-1] == p)) return tcache_free_miss(p);   /* twice */
+  mark_set(p, top);
+  *top = p;
+  FM_SPLIT_ADDRESS(cls);
+  fm_tc.top[cls]++;
 }
 
-/* Whether small block p of class cls (a span class) is free already, as far as the
- * double-free mark can tell (in any thread's cache, or in its span): for the paths that
- * must not take a freed block for a live one. A block without the mark is live: that test
- * is inline, the search for a marked one is not. */
-bool tcache_marked_block_is_free(void *p, unsigned cls);
-static inline bool tcache_block_is_free(void *p, unsigned cls) {
-  return mark_found(p, fm_mark) && tcache_marked_block_is_free(p, cls);
-}
+/* What a block's mark says of small block p of class cls, live as far as its span can
+ * tell, for the calls that must not take a freed block for a live one (realloc keeping
+ * it in place would give it a second owner). */
+typedef enum { BLOCK_LIVE, BLOCK_FREE, BLOCK_UNSURE } fm_block_state;
+fm_block_state tcache_block_state(void *p, unsigned cls);
 
 /* A block of size bytes (FM_SMALL_MAX .. FM_UNIT_SIZE) for malloc: the cached page block
  * of its length, else one from the thread's arena; NULL when the thread has no cache (not
  * set up, or exited) or the arena no memory. */
 void *tcache_malloc_pages(size_t size);
 /* Whether page block p, live as far as its span can tell, is freed: in a thread's cache.
- * Only a block with the mark can be (see tcache_marked_block_is_free). */
+ * Only a block whose second word holds FM_FREED_MARK can be: that test is inline, the
+ * search of every cache is not. */
 bool tcache_marked_page_block_is_free(const void *p);
 static inline bool tcache_page_block_is_free(const void *p) {
-  return mark_found(p, fm_mark) && tcache_marked_page_block_is_free(p);
+  return FM_FREE_MARK && ((const uintptr_t *)p)[1] == FM_FREED_MARK &&
+         tcache_marked_page_block_is_free(p);
 }
 
 /* Global set-up on the first call (before or without constructors); true when ready. */

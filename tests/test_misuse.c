@@ -1,6 +1,6 @@
-/* Misuse on purpose, each case in a forked child: a double free (small and large blocks),
- * free() of pointers fastmalloc never handed out, and of pointers into its spans that are
- * no block, must print one line starting "fastmalloc: " on stderr and abort. A control
+/* Misuse on purpose, each case in a forked child: free() of pointers fastmalloc never
+ * handed out, and of pointers into its spans that are no block, must print one line
+ * starting "fastmalloc: " on stderr and abort (double frees: test_double_free.c). A control
  * child checks the harness itself. realloc and malloc_usable_size of a pointer that starts
  * no block abort the same way. */
 #include "fm_test.h"
@@ -35,73 +35,6 @@ static void valid_use(void *arg) {
   free(NULL);
 }
 
-/* With the double-free mark (the default), the second free() itself aborts. A build
- * without it (-DFM_FREE_MARK=OFF) catches a double free when the thread's cache gives the
- * blocks back to their spans, which malloc_trim does at once. */
-static void after_double_free(void) {
-  if (!FM_FREE_MARK) malloc_trim(0);
-}
-
-static void double_free(void *arg) {
-  size_t n = (uintptr_t)arg;
-  void *p = malloc(n);
-  free(p);
-  free(fmt_launder(p));
-  after_double_free();
-}
-
-/* Another block freed in between: the first one is no longer on top of its bin. */
-static void double_free_not_last(void *arg) {
-  size_t n = (uintptr_t)arg;
-  void *p = malloc(n), *q = malloc(n);
-  free(p);
-  free(q);
-  free(fmt_launder(p));
-  after_double_free();
-}
-
-/* The block's first free leaves it in main's cache, its second comes from another thread:
- * the mark sends that free to the slow path, which finds the block in main's bin. (Without
- * the mark, the thread's exit gives the block back to its span, and main's trim a second
- * time.) */
-static void *free_in_thread(void *p) {
-  free(fmt_launder(p));
-  return NULL;
-}
-
-static void double_free_across_threads(void *arg) {
-  pthread_t thread;
-  void *p = malloc((uintptr_t)arg);
-  free(p);
-  if (pthread_create(&thread, NULL, free_in_thread, p) != 0) _exit(90);
-  pthread_join(thread, NULL);
-  after_double_free();
-}
-
-/* The other order: the first free leaves the block in a thread's cache, which stays live
- * (it waits) while main frees the block again. */
-static pthread_barrier_t first_freed, second_freed;
-
-static void *free_then_wait(void *p) {
-  free(p);
-  pthread_barrier_wait(&first_freed);
-  pthread_barrier_wait(&second_freed);
-  return NULL;
-}
-
-static void double_free_into_live_thread(void *arg) {
-  pthread_t thread;
-  void *p = malloc((uintptr_t)arg);
-  pthread_barrier_init(&first_freed, NULL, 2);
-  pthread_barrier_init(&second_freed, NULL, 2);
-  if (pthread_create(&thread, NULL, free_then_wait, p) != 0) _exit(90);
-  pthread_barrier_wait(&first_freed);
-  free(fmt_launder(p));
-  pthread_barrier_wait(&second_freed);
-  pthread_join(thread, NULL);
-  after_double_free();
-}
-
 /* The checks a thread cache's blocks get when they go back to their span: malloc_trim
  * gives the caller's cached blocks back at once. */
 static void free_interior(void *arg) {
@@ -117,8 +50,7 @@ static void free_page_interior(void *arg) {
   free(fmt_launder(p + (uintptr_t)arg));
 }
 
-/* A write after the first free erased the mark that free checks: the span's bitmap still
- * catches the second free when the blocks go back. */
+/* A write into the block between its two frees, over its mark. */
 static void double_free_after_write(void *arg) {
   char *p = malloc(64);
   free(p);
@@ -249,32 +181,6 @@ static void test_control_child_exits_cleanly(void **state) {
   assert_string_equal(err, "");
 }
 
-static void test_double_free(void **state) {
-  const size_t sizes[] = {16, 48, 100, 1024, 4000, 12000, 32768, 40000, 200000, 2 * FMT_MIB};
-  for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    expect_report(double_free, (void *)(uintptr_t)sizes[i], "double free",
-                  "free(): double free detected");
-    expect_report(double_free_not_last, (void *)(uintptr_t)sizes[i], "double free, not last",
-                  "free(): double free detected");
-  }
-}
-
-/* 32768 and 40000 bytes: blocks of whole pages, which the first free's thread keeps in its
- * cache, or their arena in its page span (a span of pages that empties waits for page
- * blocks, not other classes), so the other thread's free is caught there. (A larger
- * block's span goes back to the arena, whose next span, for the new thread's own blocks,
- * may take its units: then the second free is of a live block, as it can be with any
- * allocator.) */
-static void test_double_free_across_threads(void **state) {
-  const size_t sizes[] = {16, 1024, 32768, 40000};
-  for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    expect_report(double_free_across_threads, (void *)(uintptr_t)sizes[i],
-                  "double free in another thread", "free(): double free detected");
-    expect_report(double_free_into_live_thread, (void *)(uintptr_t)sizes[i],
-                  "double free of a block another thread caches", "free(): double free detected");
-  }
-}
-
 static void test_bad_blocks_given_back(void **state) {
   expect_abort(free_interior, NULL, "free of a pointer inside a block");
   expect_report(free_page_interior, (void *)(uintptr_t)4096,
@@ -323,8 +229,6 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_uses_fastmalloc),
       cmocka_unit_test(test_control_child_exits_cleanly),
-      cmocka_unit_test(test_double_free),
-      cmocka_unit_test(test_double_free_across_threads),
       cmocka_unit_test(test_bad_blocks_given_back),
       cmocka_unit_test(test_interior_pointers_measured),
       cmocka_unit_test(test_free_foreign),
