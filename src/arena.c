@@ -637,8 +637,7 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
     uint32_t bits = page_bits((unsigned)first, pages);
     *zeroed = (span->clean_pages & bits) == bits;
     span->clean_pages &= (uint16_t)~bits;
-    span->free_pages &= (uint16_t)~bits;
-    span->run_starts |= (uint16_t)(1u << first);
+    page_layout_set(span, span->free_pages & ~bits, span->run_starts | 1u << first);
     span->touched_starts |= (uint16_t)(1u << first);
     span->used += pages;
     page_span_relist(arena, span);
@@ -662,8 +661,8 @@ void arena_free_pages(void *p) {
                  : "free(): invalid pointer",
              p);
   unsigned pages = page_run_length(span, first);
-  span->run_starts &= (uint16_t)~(1u << first);
-  span->free_pages |= (uint16_t)page_bits(first, pages);
+  page_layout_set(span, span->free_pages | page_bits(first, pages),
+                  span->run_starts & ~(1u << first));
   span->used -= pages;
   page_span_relist(arena, span);
   /* A purge tick reads the clock: every 16th of these frees looks whether one is due. */
@@ -683,13 +682,13 @@ bool arena_resize_pages(void *p, size_t size) {
   if (in_abandoned_chunk(arena, p)) {
     resized = false;
   } else if (pages < old) {
-    span->free_pages |= (uint16_t)page_bits(first + pages, old - pages);
+    page_layout_set(span, span->free_pages | page_bits(first + pages, old - pages), span->run_starts);
     span->used -= old - pages;
   } else if (pages > old) {
     uint32_t more = first + pages <= FM_PAGES_PER_UNIT ? page_bits(first + old, pages - old) : 0;
     resized = more && (span->free_pages & more) == more;
     if (resized) {
-      span->free_pages &= (uint16_t)~more;
+      page_layout_set(span, span->free_pages & ~more, span->run_starts);
       span->clean_pages &= (uint16_t)~more;
       span->used += pages - old;
     }

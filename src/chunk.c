@@ -111,8 +111,7 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   span->start = (char *)chunk + (size_t)first * FM_UNIT_SIZE;
   if (cls == FM_CLASS_PAGES) {
     span->block_size = FM_PAGE_SIZE;
-    span->free_pages = UINT16_MAX;
-    span->run_starts = 0;
+    page_layout_set(span, UINT16_MAX, 0);
     span->clean_pages = zeroed ? UINT16_MAX : 0;
     span->touched_starts = 0;
     return span;

@@ -33,8 +33,15 @@ typedef struct fm_span {
       uint16_t fresh;
     };
     struct {               /* a page span */
-      uint16_t free_pages;   /* pages in no block */
-      uint16_t run_starts;   /* first pages of the blocks out */
+      union {
+        struct {
+          uint16_t free_pages;   /* pages in no block */
+          uint16_t run_starts;   /* first pages of the blocks out */
+        };
+        /* Both at once: a block's length is read from them without the lock (free), so
+         * they change together, in one store (page_layout_set). */
+        uint32_t page_layout;
+      };
       uint16_t clean_pages;  /* pages that read zero: not handed out since they were */
       uint16_t touched_starts; /* pages that began a block since they were last clean:
                                   resident, as the mark or the block's user wrote there */
@@ -102,18 +109,23 @@ static inline unsigned page_index(const void *p) {
   return (unsigned)((uintptr_t)p / FM_PAGE_SIZE) & (FM_PAGES_PER_UNIT - 1);
 }
 
+/* Sets a page span's free pages and block starts at once (see page_layout). */
+static inline void page_layout_set(fm_span *span, uint32_t free_pages, uint32_t run_starts) {
+  __atomic_store_n(&span->page_layout, (free_pages & 0xffffu) | run_starts << 16, __ATOMIC_RELAXED);
+}
+
 /* Pages in the block that starts at page `first` of a page span: up to the next block's
  * first page or the next free page. */
 static inline unsigned page_run_length(const fm_span *span, unsigned first) {
-  uint32_t ends = (uint32_t)(__atomic_load_n(&span->run_starts, __ATOMIC_RELAXED) |
-                             __atomic_load_n(&span->free_pages, __ATOMIC_RELAXED)) >> (first + 1);
+  uint32_t layout = __atomic_load_n(&span->page_layout, __ATOMIC_RELAXED);
+  uint32_t ends = ((layout & 0xffffu) | layout >> 16) >> (first + 1);
   return (unsigned)__builtin_ctz(ends | 1u << (FM_PAGES_PER_UNIT - 1 - first)) + 1;
 }
 
 /* Whether p starts a block out of its page span (a block's first page is never free). */
 static inline bool page_block_at(const fm_span *span, const void *p) {
   return span->cls == FM_CLASS_PAGES && !((uintptr_t)p & (FM_PAGE_SIZE - 1)) &&
-         (__atomic_load_n(&span->run_starts, __ATOMIC_RELAXED) >> page_index(p) & 1);
+         (__atomic_load_n(&span->page_layout, __ATOMIC_RELAXED) >> (16 + page_index(p)) & 1);
 }
 
 /* The pages of block p of a page span when p starts a block out of it, else 0. Takes no
