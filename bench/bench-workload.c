@@ -1,11 +1,13 @@
-/* bench-workload NAME [--parallel[=N]] [--scale K]: workloads modelled on WebKit's MallocBench
- * and on the memory issues of real services (thread churn, many threads, fragmentation).
+/* bench-workload NAME [--parallel[=N]] [--scale K]: workloads modelled on WebKit's MallocBench,
+ * larson and mstress, and on the memory issues of real services (thread churn, fragmentation).
  * Prints one JSON line: time, peak RSS, RSS after everything was freed, and after malloc_trim(0).
- * `bench-workload --list` names them. Scale 1 is the quick size (well under a second each). */
+ * `bench-workload --list` names them. Scale 1 is the quick size (well under a second each, but
+ * bigfill, whose time is mostly page faults: a second or more where faults are slow). */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,6 +26,7 @@
 /* One per thread; a cache line each, so the copies of --parallel share nothing. */
 struct ctx {
     double scale;
+    int copies;      /* copies running at once (--parallel), for the threads a copy starts */
     bench_rng rng;
     uint64_t ops;    /* allocations made, reported as "ops" */
 } __attribute__((aligned(64)));
@@ -58,6 +61,33 @@ static void touch_pages(char *p, size_t from, size_t to)
 {
     for (size_t off = from; off < to; off += PAGE)
         ((volatile char *)p)[off] = page_mark(off);
+}
+
+/* Threads a multi-threaded copy runs at once: its share of the online CPUs, `least` at the
+ * fewest. So one copy alone keeps every CPU busy, and --parallel's copies (one per CPU) run
+ * `least` threads each. */
+static int cpu_share(const struct ctx *c, int least)
+{
+    long share = sysconf(_SC_NPROCESSORS_ONLN) / c->copies;
+    return share < least ? least : (int)share;
+}
+
+static void *xaligned_calloc(size_t n, size_t size) /* zeroed, 64-aligned (for struct ctx) */
+{
+    void *p = aligned_alloc(64, (n * size + 63) & ~(size_t)63);
+    if (!p)
+        exit(1);
+    return memset(p, 0, n * size);
+}
+
+static pthread_t start_thread(void *(*fn)(void *), void *arg)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, fn, arg) != 0) {
+        perror("pthread_create");
+        exit(1);
+    }
+    return t;
 }
 
 static size_t uniform(struct ctx *c, size_t lo, size_t hi) /* [lo, hi] */
@@ -584,6 +614,328 @@ static void fragment_mix(struct ctx *c)
     free(b);
 }
 
+/* ---- larson: a server's threads each replace random blocks of their own pool; a thread in
+ * turn ends and hands its pool to a thread it creates, which frees what its predecessor
+ * allocated. One lineage of threads per CPU (cpu_share), each with its own pool. ---- */
+#define LARSON_BLOCKS 2000      /* a pool: blocks of 10..1000 bytes, about 1 MB */
+#define LARSON_TURN 10000       /* replacements a thread makes before it hands the pool on */
+
+struct larson_line {
+    struct ctx c;               /* the lineage's generator and count, passed on with the pool */
+    char *pool[LARSON_BLOCKS];
+    size_t threads_left;        /* threads still to run in this lineage, the running one too */
+    pthread_t prev;             /* the thread that handed the pool over; its successor joins it */
+    bool has_prev;
+    pthread_t last;             /* the lineage's last thread, joined by larson() */
+    sem_t *done;                /* posted by each lineage's last thread */
+};
+
+static char *larson_block(struct larson_line *l)
+{
+    size_t len = uniform(&l->c, 10, 1000);
+    char *p = xmalloc(&l->c, len);
+    memset(p, (int)len, 8);
+    memset(p + len - 8, (int)len, 8);
+    return p;
+}
+
+static void *larson_thread(void *arg)
+{
+    struct larson_line *l = arg;
+    if (l->has_prev)
+        pthread_join(l->prev, NULL);
+    else
+        for (size_t k = 0; k < LARSON_BLOCKS; k++)
+            l->pool[k] = larson_block(l);
+    for (size_t i = 0; i < LARSON_TURN; i++) {
+        size_t k = bench_rng_below(&l->c.rng, LARSON_BLOCKS);
+        free(l->pool[k]);
+        l->pool[k] = larson_block(l);
+    }
+    if (--l->threads_left > 0) { /* nothing of l is touched after the successor starts */
+        l->prev = pthread_self();
+        l->has_prev = true;
+        start_thread(larson_thread, l);
+        return NULL;
+    }
+    for (size_t k = 0; k < LARSON_BLOCKS; k++)
+        free(l->pool[k]);
+    l->last = pthread_self();
+    sem_post(l->done);
+    return NULL;
+}
+
+static void larson(struct ctx *c)
+{
+    int lines = cpu_share(c, 2);
+    struct larson_line *line = xaligned_calloc((size_t)lines, sizeof *line);
+    sem_t done;
+    sem_init(&done, 0, 0);
+    for (int i = 0; i < lines; i++) {
+        line[i].c = (struct ctx){.scale = c->scale, .copies = c->copies};
+        bench_rng_seed(&line[i].c.rng, bench_rng_next(&c->rng));
+        line[i].threads_left = scaled(c, 600);
+        line[i].done = &done;
+        start_thread(larson_thread, &line[i]);
+    }
+    for (int i = 0; i < lines; i++)
+        sem_wait(&done);
+    for (int i = 0; i < lines; i++) {
+        pthread_join(line[i].last, NULL);
+        c->ops += line[i].c.ops;
+    }
+    sem_destroy(&done);
+    free(line);
+}
+
+/* ---- mstress: twice as many threads as CPUs (cpu_share), restarted a few times, replace
+ * blocks of up to 1 MiB at random in a set of their own; one replacement in ten hands the
+ * block over to a shared slot instead, and frees the one it finds there, another thread's,
+ * maybe one that ended. Each block is written at its start and in a few of its pages. ---- */
+#define MSTRESS_LIVE 256        /* blocks a thread holds */
+#define MSTRESS_SHARED 128      /* shared slots per thread */
+#define MSTRESS_RUNS 4          /* each thread slot runs this many threads, one after another */
+
+static const struct band mstress_mix[] = { /* 85% 8..512, 12% 513..64 KiB, 3% 64 KiB..1 MiB */
+    {85, 8, 512}, {97, 513, 64 * KIB}, {100, 64 * KIB + 1, MIB}};
+
+struct mstress_arg {
+    struct ctx c;
+    _Atomic(char *) *shared;
+    size_t nshared;
+};
+
+/* Writes the first bytes of p, and a byte a quarter in, halfway and at the end: a few pages
+ * of a large block. */
+static char *touch_spread(char *p, size_t len)
+{
+    memset(p, (int)len, len < 32 ? len : 32);
+    p[len / 4] = 1;
+    p[len / 2] = 2;
+    p[len - 1] = 3;
+    return p;
+}
+
+static char *mstress_block(struct ctx *c)
+{
+    size_t len = mixed_size(c, mstress_mix);
+    return touch_spread(xmalloc(c, len), len);
+}
+
+static void *mstress_thread(void *arg)
+{
+    struct mstress_arg *a = arg;
+    struct ctx *c = &a->c;
+    char *slot[MSTRESS_LIVE];
+    for (size_t k = 0; k < MSTRESS_LIVE; k++)
+        slot[k] = mstress_block(c);
+    size_t n = scaled(c, 60000);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = bench_rng_below(&c->rng, MSTRESS_LIVE);
+        if (bench_rng_below(&c->rng, 10) == 0)
+            free(atomic_exchange(&a->shared[bench_rng_below(&c->rng, a->nshared)], slot[k]));
+        else
+            free(slot[k]);
+        slot[k] = mstress_block(c);
+    }
+    for (size_t k = 0; k < MSTRESS_LIVE; k++)
+        free(slot[k]);
+    return NULL;
+}
+
+static void mstress(struct ctx *c)
+{
+    int threads = 2 * cpu_share(c, 2);
+    size_t nshared = (size_t)threads * MSTRESS_SHARED;
+    _Atomic(char *) *shared = xaligned_calloc(nshared, sizeof *shared);
+    struct mstress_arg *args = xaligned_calloc((size_t)threads, sizeof *args);
+    for (int run = 0; run < MSTRESS_RUNS; run++) {
+        for (int i = 0; i < threads; i++) {
+            args[i] = (struct mstress_arg){.c = {.scale = c->scale, .copies = c->copies},
+                                           .shared = shared, .nshared = nshared};
+            bench_rng_seed(&args[i].c.rng, bench_rng_next(&c->rng));
+        }
+        run_threads(threads, mstress_thread, args, sizeof args[0]);
+        for (int i = 0; i < threads; i++)
+            c->ops += args[i].c.ops;
+    }
+    for (size_t j = 0; j < nshared; j++)
+        free(atomic_load(&shared[j]));
+    free(args);
+    free(shared);
+}
+
+/* ---- prodcons: several producers and several consumers (cpu_share each). A producer mallocs
+ * messages (3 in 4 of 64 bytes, the others 8..256), writes them, and sends each to a consumer
+ * chosen at random, in batches of PC_BATCH; a consumer reads and frees them. So every consumer
+ * frees blocks of every producer. (message has one producer and one consumer.) ---- */
+#define PC_BATCH 32             /* messages a producer hands over at once, in a malloc'ed batch */
+#define PC_QUEUE 16             /* batches a consumer's queue holds; a producer waits for room */
+
+struct pc_batch {
+    size_t n;
+    char *msg[PC_BATCH];
+};
+
+struct pc_queue {
+    pthread_mutex_t lock;
+    pthread_cond_t not_empty, not_full;
+    struct pc_batch *ring[PC_QUEUE];
+    size_t head, count;
+    int producers_left;         /* the queue is finished once no producer is left and it is empty */
+} __attribute__((aligned(64)));
+
+struct pc_producer {
+    struct ctx c;
+    struct pc_queue *queue;
+    int nqueues;
+};
+
+static void pc_push(struct pc_queue *q, struct pc_batch *b)
+{
+    pthread_mutex_lock(&q->lock);
+    while (q->count == PC_QUEUE)
+        pthread_cond_wait(&q->not_full, &q->lock);
+    q->ring[(q->head + q->count++) % PC_QUEUE] = b;
+    pthread_cond_signal(&q->not_empty);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Takes every batch in q into out; returns how many, 0 once q is finished. */
+static size_t pc_take(struct pc_queue *q, struct pc_batch **out)
+{
+    pthread_mutex_lock(&q->lock);
+    while (q->count == 0 && q->producers_left > 0)
+        pthread_cond_wait(&q->not_empty, &q->lock);
+    size_t n = q->count;
+    for (size_t i = 0; i < n; i++)
+        out[i] = q->ring[(q->head + i) % PC_QUEUE];
+    q->head = (q->head + n) % PC_QUEUE;
+    q->count = 0;
+    pthread_cond_broadcast(&q->not_full);
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+static void pc_producer_done(struct pc_queue *q)
+{
+    pthread_mutex_lock(&q->lock);
+    q->producers_left--;
+    pthread_cond_signal(&q->not_empty);
+    pthread_mutex_unlock(&q->lock);
+}
+
+static char *pc_message(struct ctx *c, size_t i)
+{
+    size_t len = bench_rng_below(&c->rng, 4) ? 64 : uniform(c, 8, 256);
+    char *msg = xmalloc(c, len);
+    memset(msg, (int)i | 1, len < 64 ? len : 64);
+    return msg;
+}
+
+static void *pc_produce(void *arg)
+{
+    struct pc_producer *p = arg;
+    struct pc_batch **pending = calloc((size_t)p->nqueues, sizeof *pending);
+    if (!pending)
+        exit(1);
+    size_t n = scaled(&p->c, 1000000);
+    for (size_t i = 0; i < n; i++) {
+        size_t q = bench_rng_below(&p->c.rng, (uint64_t)p->nqueues);
+        if (!pending[q]) {
+            pending[q] = xmalloc(&p->c, sizeof *pending[q]);
+            pending[q]->n = 0;
+        }
+        pending[q]->msg[pending[q]->n++] = pc_message(&p->c, i);
+        if (pending[q]->n == PC_BATCH) {
+            pc_push(&p->queue[q], pending[q]);
+            pending[q] = NULL;
+        }
+    }
+    for (int q = 0; q < p->nqueues; q++) {
+        if (pending[q])
+            pc_push(&p->queue[q], pending[q]);
+        pc_producer_done(&p->queue[q]);
+    }
+    free(pending);
+    return NULL;
+}
+
+static void *pc_consume(void *arg)
+{
+    struct pc_queue *q = arg;
+    struct pc_batch *got[PC_QUEUE];
+    size_t sum = 0;
+    for (size_t n; (n = pc_take(q, got)) > 0;)
+        for (size_t i = 0; i < n; i++) {
+            for (size_t m = 0; m < got[i]->n; m++) {
+                sum += (unsigned char)got[i]->msg[m][0];
+                free(got[i]->msg[m]);
+            }
+            free(got[i]);
+        }
+    bench_escape(&sum);
+    return NULL;
+}
+
+static void prodcons(struct ctx *c)
+{
+    int np = cpu_share(c, 2), nc = np;
+    struct pc_queue *queue = xaligned_calloc((size_t)nc, sizeof *queue);
+    struct pc_producer *prod = xaligned_calloc((size_t)np, sizeof *prod);
+    pthread_t *t = xaligned_calloc((size_t)(np + nc), sizeof *t);
+    for (int q = 0; q < nc; q++) {
+        pthread_mutex_init(&queue[q].lock, NULL);
+        pthread_cond_init(&queue[q].not_empty, NULL);
+        pthread_cond_init(&queue[q].not_full, NULL);
+        queue[q].producers_left = np;
+        t[q] = start_thread(pc_consume, &queue[q]);
+    }
+    for (int i = 0; i < np; i++) {
+        prod[i] = (struct pc_producer){.c = {.scale = c->scale, .copies = c->copies},
+                                       .queue = queue, .nqueues = nc};
+        bench_rng_seed(&prod[i].c.rng, bench_rng_next(&c->rng));
+        t[nc + i] = start_thread(pc_produce, &prod[i]);
+    }
+    for (int i = 0; i < np + nc; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < np; i++)
+        c->ops += prod[i].c.ops;
+    for (int q = 0; q < nc; q++) {
+        pthread_mutex_destroy(&queue[q].lock);
+        pthread_cond_destroy(&queue[q].not_empty);
+        pthread_cond_destroy(&queue[q].not_full);
+    }
+    free(t);
+    free(prod);
+    free(queue);
+}
+
+/* ---- bigfill: blocks of 5..25 MiB replaced at random, each zero-filled by the program right
+ * after malloc (what C++'s std::make_unique<char[]>(n) does): whether the allocator keeps
+ * such blocks' pages for the next one or has every page faulted in afresh. A copy holds 20
+ * blocks, or under --parallel 40 / copies (2 at the fewest): up to 20 CPUs, 40 blocks
+ * (1000 MiB) at most in the process. 100 replacements at scale 1, 400 at --full's 4. ---- */
+static void bigfill(struct ctx *c)
+{
+    size_t live = (size_t)(40 / c->copies);
+    live = live > 20 ? 20 : live < 2 ? 2 : live;
+    char **slot = calloc(live, sizeof *slot);
+    if (!slot)
+        exit(1);
+    size_t n = scaled(c, 100);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = bench_rng_below(&c->rng, live);
+        free(slot[k]);
+        size_t len = uniform(c, 5 * MIB, 25 * MIB);
+        slot[k] = xmalloc(c, len);
+        memset(slot[k], 0, len);
+    }
+    for (size_t k = 0; k < live; k++)
+        free(slot[k]);
+    free(slot);
+}
+
 /* ---- the table, the harness ---- */
 struct workload {
     const char *name;
@@ -605,6 +957,10 @@ static const struct workload workloads[] = {
     {"thread-churn", thread_churn, thread_churn_prepare, "10000 x scale short threads, each allocates a little"},
     {"many-threads", many_threads, NULL, "400 threads, 80 live at once, mixed sizes"},
     {"fragment-mix", fragment_mix, NULL, "mixed heap, 90% freed at random, then another mix"},
+    {"larson", larson, NULL, "server threads replace pool blocks, each hands its pool to a new thread"},
+    {"mstress", mstress, NULL, "2 threads a CPU, restarted, blocks up to 1 MiB, some freed by others"},
+    {"prodcons", prodcons, NULL, "producers malloc messages, consumers free them, many to many"},
+    {"bigfill", bigfill, NULL, "blocks of 5..25 MiB replaced at random, each zero-filled"},
 };
 #define NWORKLOADS (sizeof workloads / sizeof workloads[0])
 
@@ -697,6 +1053,7 @@ int main(int argc, char **argv)
         name_seed = name_seed * 131 + (unsigned char)*s;
     for (int i = 0; i < copies; i++) {
         ctx[i].scale = scale;
+        ctx[i].copies = copies;
         bench_rng_seed(&ctx[i].rng, name_seed + (uint64_t)i);
     }
 

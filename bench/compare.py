@@ -28,6 +28,10 @@ COUNTS = (25, 100, 400, 1600)
 # The workload that, run alone, then goes on allocating a little for LINGER_MS without
 # malloc_trim: what a freed heap's memory does meanwhile (the footprint issue's "1 s later").
 LINGER_JOB, LINGER_MS = "fragment-mix", 1000
+# The workload programs, each naming its workloads with --list and printing bench-workload's
+# JSON line: bench-cxx (C++) is built only where CMake found a C++ compiler.
+WORKLOAD_PROGRAMS = ("bench-workload", "bench-cxx")
+OPTIONAL_PROGRAMS = ("bench-cxx",)
 MODES = {
     # simple sizes, thread counts (None: 1, 2, 4 ... up to every CPU), thread duration (s),
     # workload scale, workloads one copy / one copy per CPU (--parallel), rounds, timeout (s)
@@ -129,7 +133,21 @@ def pinned_cpu():
     return max(os.sched_getaffinity(0))
 
 
-def make_jobs(bindir, mode, allocs):
+def list_workloads(bindir, notes):
+    """[(program, workload name)] from each workload program's --list; a missing optional
+    program is left out with a note."""
+    found = []
+    for prog in WORKLOAD_PROGRAMS:
+        path = os.path.join(bindir, prog)
+        if prog in OPTIONAL_PROGRAMS and not os.path.exists(path):
+            notes.append(f"{prog} was not built (no C++ compiler?): its workloads are left out")
+            continue
+        listing = subprocess.run([path, "--list"], capture_output=True, text=True, check=True).stdout
+        found += [(path, line.split()[0]) for line in listing.splitlines()]
+    return found
+
+
+def make_jobs(bindir, mode, allocs, notes):
     m = MODES[mode]
     # The flag-off build runs bench-malloc-simple only; the mark-off build runs everything.
     main_allocs = [a for a in allocs if a != NO_ST_FLAG]
@@ -141,18 +159,16 @@ def make_jobs(bindir, mode, allocs):
         jobs.append(Job(f"thread-{t}", "thread",
                         [os.path.join(bindir, "bench-malloc-thread"), str(t), "--duration", str(m["duration"])],
                         main_allocs))
-    workload = os.path.join(bindir, "bench-workload")
-    names = [line.split()[0] for line in
-             subprocess.run([workload, "--list"], capture_output=True, text=True, check=True).stdout.splitlines()]
+    workloads = list_workloads(bindir, notes)
     if m["single"]:
-        for name in names:
+        for prog, name in workloads:
             linger = ["--linger", str(LINGER_MS)] if name == LINGER_JOB else []
-            jobs.append(Job(name, "workload", [workload, name, "--scale", str(m["scale"])] + linger,
+            jobs.append(Job(name, "workload", [prog, name, "--scale", str(m["scale"])] + linger,
                             main_allocs))
     if m["parallel"]:
-        for name in names:
+        for prog, name in workloads:
             jobs.append(Job(f"{name}-par", "workload-par",
-                            [workload, name, "--parallel", "--scale", str(m["scale"])], main_allocs))
+                            [prog, name, "--parallel", "--scale", str(m["scale"])], main_allocs))
     return jobs
 
 
@@ -676,7 +692,7 @@ def main():
     names = [n for n in allocs if n not in VARIANTS]
     peers = [n for n in names if n != MAIN]
 
-    jobs = make_jobs(a.bindir, a.mode, allocs)
+    jobs = make_jobs(a.bindir, a.mode, allocs, notes)
     log(f"compare: {a.mode} mode, {rounds} rounds, {len(jobs)} benchmarks x {len(names)} allocators")
     t0 = time.monotonic()
     with open(os.path.join(a.rundir, "failures.log"), "w") as failure_log:
@@ -698,7 +714,8 @@ def main():
                "simple-N: bench-malloc-simple with N-byte blocks, ns per malloc+free pair; st: main thread "
                "while single-threaded, thr: in a second thread, mt: main thread after that thread was "
                "joined; /C: C blocks allocated then freed. thread-T: bench-malloc-thread with T threads, "
-               "ns per iteration. Other rows: workloads (bench-workload --list), seconds; -par: --parallel.",
+               "ns per iteration. Other rows: workloads (bench-workload --list, bench-cxx --list), "
+               "seconds; -par: --parallel.",
                ""]
     report += ["## fastmalloc's time ÷ each peer's (below 1: fastmalloc is faster)", "",
                ratio_table(res, jobs, peers), ""]
