@@ -2,14 +2,20 @@
 # Builds the Debian package with CPack (cpack -G DEB in the build directory), checks its file
 # name, contents and control fields, unpacks it into a scratch root (dpkg -x, nothing is
 # installed) and runs the launcher and pkg-config consumers from there.
-# Usage: deb_test.sh BUILD_DIR CPACK CC PRELOAD_PROBE VERSION
+# Usage: deb_test.sh BUILD_DIR CPACK CC PRELOAD_PROBE VERSION LIBDIR
+#   LIBDIR: the build's CMAKE_INSTALL_LIBDIR (lib, or lib/x86_64-linux-gnu for the prefix /usr)
 set -eu
-build=$1 cpack=$2 cc=$3 probe=$4 version=$5
+build=$1 cpack=$2 cc=$3 probe=$4 version=$5 libdir=$6
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$here/lib.sh"
+
+if [[ $libdir == /* ]]; then
+  echo "SKIP: CMAKE_INSTALL_LIBDIR $libdir is absolute, outside the package's /usr"
+  exit 77
+fi
 
 for tool in dpkg dpkg-deb; do
   if ! command -v $tool >/dev/null; then
@@ -36,12 +42,13 @@ ok "cpack made $(basename "$deb")"
 # Contents: path and, for the launcher, its mode.
 dpkg-deb -c "$deb" | awk '{ print $1, $6 }' >"$tmp/contents"
 for want in "-rwxr-xr-x ./usr/bin/fastmalloc" "-rw-r--r-- ./usr/include/fastmalloc.h" \
-    "-rw-r--r-- ./usr/lib/libfastmalloc.so.1.0.0" "lrwxrwxrwx ./usr/lib/libfastmalloc.so.1" \
-    "lrwxrwxrwx ./usr/lib/libfastmalloc.so" "-rw-r--r-- ./usr/lib/libfastmalloc.a" \
-    "-rw-r--r-- ./usr/lib/pkgconfig/fastmalloc.pc" \
-    "-rw-r--r-- ./usr/lib/cmake/fastmalloc/fastmalloc-config.cmake" \
-    "-rw-r--r-- ./usr/lib/cmake/fastmalloc/fastmalloc-config-version.cmake" \
-    "-rw-r--r-- ./usr/lib/cmake/fastmalloc/fastmalloc-targets.cmake"; do
+    "-rw-r--r-- ./usr/$libdir/libfastmalloc.so.$version" \
+    "lrwxrwxrwx ./usr/$libdir/libfastmalloc.so.${version%%.*}" \
+    "lrwxrwxrwx ./usr/$libdir/libfastmalloc.so" "-rw-r--r-- ./usr/$libdir/libfastmalloc.a" \
+    "-rw-r--r-- ./usr/$libdir/pkgconfig/fastmalloc.pc" \
+    "-rw-r--r-- ./usr/$libdir/cmake/fastmalloc/fastmalloc-config.cmake" \
+    "-rw-r--r-- ./usr/$libdir/cmake/fastmalloc/fastmalloc-config-version.cmake" \
+    "-rw-r--r-- ./usr/$libdir/cmake/fastmalloc/fastmalloc-targets.cmake"; do
   grep -qxF -- "$want" "$tmp/contents" || fail "dpkg-deb -c: no '$want'"
 done
 grep -v ' \./usr/' "$tmp/contents" && fail "dpkg-deb -c: files outside /usr (above)"
@@ -60,9 +67,9 @@ ok "control: $(field Package) $(field Version) $(field Architecture), Depends: $
 # Unpacked: the paths written at install time name /usr, not CPack's staging directory.
 root=$tmp/root
 dpkg -x "$deb" "$root"
-grep -qx 'prefix=/usr' "$root/usr/lib/pkgconfig/fastmalloc.pc" ||
-  fail "fastmalloc.pc: $(grep '^prefix=' "$root/usr/lib/pkgconfig/fastmalloc.pc")"
-grep -qx "abs_libdir='/usr/lib'" "$root/usr/bin/fastmalloc" ||
+grep -qx 'prefix=/usr' "$root/usr/$libdir/pkgconfig/fastmalloc.pc" ||
+  fail "fastmalloc.pc: $(grep '^prefix=' "$root/usr/$libdir/pkgconfig/fastmalloc.pc")"
+grep -qx "abs_libdir='/usr/$libdir'" "$root/usr/bin/fastmalloc" ||
   fail "launcher: $(grep '^abs_libdir=' "$root/usr/bin/fastmalloc")"
 if grep -rl "_CPack_Packages\|$tmp" "$root"; then fail "files above name the staging directory"; fi
 
@@ -74,10 +81,11 @@ else
   fail "the package's launcher"
 fi
 expect "the package's launcher preloads the package's library" 0 \
-  "$root/usr/lib/libfastmalloc.so.1" "$root/usr/bin/fastmalloc" sh -c 'printf "%s\n" "$LD_PRELOAD"'
+  "$root/usr/$libdir/libfastmalloc.so.1" \
+  "$root/usr/bin/fastmalloc" sh -c 'printf "%s\n" "$LD_PRELOAD"'
 
 # pkg-config on the unpacked root: its sysroot variable puts the root before /usr.
-PKG_CONFIG_SYSROOT_DIR=$root PKG_CONFIG_LIBDIR=$root/usr/lib/pkgconfig PKG_CONFIG_PATH='' \
-  pkgconfig_consumers deb "$root/usr/lib" "$cc" "$here/consumer.c" "$version"
+PKG_CONFIG_SYSROOT_DIR=$root PKG_CONFIG_LIBDIR=$root/usr/$libdir/pkgconfig PKG_CONFIG_PATH='' \
+  pkgconfig_consumers deb "$root/usr/$libdir" "$cc" "$here/consumer.c" "$version"
 
 finish
