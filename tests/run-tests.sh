@@ -16,6 +16,10 @@ command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v make >/dev/null || need+=(make)
 command -v python3 >/dev/null || need+=(python3)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev pkg-config)
+# The packaging tests (tests/packaging): pkg-config consumers, the .deb's dependencies, memcheck.
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev)
+command -v valgrind >/dev/null || need+=(valgrind)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing: ${need[*]}" >&2
