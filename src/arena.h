@@ -1,99 +1,113 @@
 /* Arenas: about one per CPU, each with a lock, its chunks and, per size class, the spans
- * that still have free blocks. Thread caches refill and flush whole batches here, so one
- * lock acquisition moves many blocks; the lock is skipped while single-threaded. */
+ * that still have free blocks. Three kinds of block come from an arena's spans: small
+ * blocks of a size class (arena_small.c, moved in batches to and from thread caches, so
+ * one lock acquisition moves many blocks), page blocks of 8-64 KiB, runs of whole pages in
+ * page spans (arena_pages.c), and span blocks of up to 1 MiB, a whole span each
+ * (arena_spans.c). arena.c keeps the lists, maps chunks and purges.
+ * Locking: every function here takes the lock of the arena it works on itself (a no-op
+ * while single-threaded), except where it says the caller holds it. */
 #ifndef FM_ARENA_H
 #define FM_ARENA_H
 
 #include "chunk.h"
-#include "sync.h"
-
-#define FM_MAX_ARENAS 64
+#include "lock.h"
 
 typedef struct fm_arena {
-  fm_lock_t lock;
+  lock_t lock;
   fm_span *partial[FM_NUM_SPAN_CLASSES + 1];   /* spans with a free block, per class */
   /* Partly used page spans by their longest free run: page_spans[n] holds those whose
    * longest is n pages (1 .. 15); bit n of page_span_runs says it holds one. */
   fm_span *page_spans[FM_PAGES_PER_UNIT];
   uint32_t page_span_runs;
   uint32_t page_frees;     /* frees of page blocks, for the purge tick's clock */
-  /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_LARGE: freed
-   * large blocks, so a malloc/free loop of them does not churn through the chunks;
+  /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_BLOCK: freed span
+   * blocks, so a malloc/free loop of them does not churn through the chunks;
    * FM_CLASS_PAGES: empty page spans. */
   fm_span *empty[FM_CLASS_PAGES + 1];
   uint16_t empty_count[FM_CLASS_PAGES + 1];
   char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
   fm_chunk *chunks;        /* chunks with a free unit, in address order */
   fm_chunk *full_chunks;   /* chunks without one: never searched */
-  unsigned chunk_count;     /* chunks on the two lists */
-  uint32_t generation;      /* of the chunks it uses: others were abandoned (a fork child) */
-  uint64_t next_purge_ns;   /* when the next purge tick is due */
-  uint64_t purge_epoch;     /* purge ticks so far */
+  unsigned chunk_count;    /* chunks on the two lists */
+  uint32_t generation;     /* of the chunks it uses: others were abandoned (a fork child) */
+  uint64_t next_purge_ns;  /* when the next purge tick is due */
+  uint64_t purge_epoch;    /* purge ticks so far */
 } __attribute__((aligned(64))) fm_arena;
 
-extern fm_hidden fm_arena fm_arenas[FM_MAX_ARENAS];
-extern fm_hidden unsigned fm_arena_count;
+extern fm_hidden fm_arena arenas[FM_ARENAS_MAX];
+extern fm_hidden unsigned arena_count;
 
-void arena_init_all(void);
+/* Set-up: the number of arenas (FASTMALLOC_ARENAS, else the CPUs), the span lengths.
+ * on_tick: called after a purge tick, outside the arena's lock (mapped.c's cache of freed
+ * mappings ages on the same clock). */
+void arena_init_all(void (*on_tick)(void));
+
+/* ---- small blocks (arena_small.c) ---- */
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;
- * returns got, 0 when out of memory. A block that was handed out before in its span's life
- * comes with FM_BLOCK_RECYCLED added to its address: it went back to the span through a
- * path that wrote FM_FREED_MARK into its second word (or its page was purged since, and
- * it reads zero), and the caller checks that nothing wrote there since (tcache.h). The lowest block is last: a thread cache's bin, a
+ * returns got, 0 when out of memory. The lowest block is last: a thread cache's bin, a
  * stack, hands them out in address order, so the nodes a program allocates one after the
- * other lie upward in memory, as its later walks over them go (list: 0.78-0.93 x the time
- * of handing them out downward). With zeroed (for calloc), when the
- * first block reads zero (it was not handed out since its span's units were zero), it is
- * the only one taken, and *zeroed is set. */
+ * other lie upward in memory, as its later walks over them go. A block that was handed
+ * out before in its span's life comes with FM_BLOCK_RECYCLED added to its address: it went
+ * back to the span through a path that wrote FM_FREED_MARK into its second word (or its
+ * page was purged since, and it reads zero), and the caller checks that nothing wrote
+ * there since (tcache.h). With zeroed (for calloc), when the first block reads zero (it
+ * was not handed out since its span's units were zero), it is the only one taken, and
+ * *zeroed is set. */
 #define FM_BLOCK_RECYCLED 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed);
-
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
  * acquisition per owning arena, however they are mixed. Reorders blocks[]. */
 void arena_free_blocks(void **blocks, size_t n);
+/* Bytes usable in the small block that starts at p, of class cls; 0 when p starts no block
+ * of that class (an interior pointer, say). Takes no lock: it reads what does not change
+ * while the block is allocated. */
+size_t arena_small_usable_size(const void *p, unsigned cls);
+/* Whether small block p is free in its span (a double free's confirmation). */
+bool arena_small_is_free(void *p);
 
-/* One block of size > FM_SMALL_MAX as a whole span, when it fits in a chunk; NULL else.
- * *zeroed says it reads zero (its units were never used, or purged since). */
-void *arena_alloc_span_large(fm_arena *arena, size_t size, bool *zeroed);
-void arena_free_span_large(void *p);
-/* Resizes live large block p (a whole span) in place to hold size bytes: into the free
- * units that follow it, or by giving back its last units; false when it cannot grow
- * there (or would pass the span-large limit). */
-bool arena_resize_span_large(void *p, size_t size);
+/* ---- page blocks (arena_pages.c) ---- */
+
 /* A block of `size` bytes (at most FM_UNIT_SIZE) that starts `align` aligned (a power of
- * two, at most FM_UNIT_SIZE), as a run of pages of a page span (where, see
- * arena_alloc_pages), else of an empty span. NULL when out of memory; *zeroed says its
- * pages read zero. */
+ * two, at most FM_UNIT_SIZE), as a run of pages of a page span (where: arena_pages.c),
+ * else of an empty span. NULL when out of memory; *zeroed says its pages read zero. */
 void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed);
 void arena_free_pages(void *p);
 /* Resizes live block p of a page span in place to hold size bytes (at most
  * FM_UNIT_SIZE): gives back its last pages, or takes the free pages that follow it;
  * false when they are not free. */
 bool arena_resize_pages(void *p, size_t size);
-/* Bytes usable in the block that starts at p, whose unit-map class is cls (a small class,
- * FM_CLASS_SPAN_LARGE or FM_CLASS_PAGES); 0 when p starts no block there (an interior
- * pointer, say). Takes no lock for a block of a size class: it reads what does not change
- * while the block is allocated. */
-size_t arena_block_usable_size(const void *p, unsigned cls);
+/* Bytes in page block p (under its arena's lock); 0 when p starts no block out. */
+size_t arena_pages_usable_size(const void *p);
 
-/* True when block p of a span of a size class is free
- * in its arena (double-free confirmation). */
-bool arena_block_is_free(void *p);
+/* ---- span blocks (arena_spans.c) ---- */
+
+/* One block of size > FM_SMALL_MAX as a whole span, when it fits in FM_SPAN_BLOCK_UNITS_MAX
+ * units; NULL else. *zeroed says it reads zero (its units were never used, or purged). */
+void *arena_alloc_span_block(fm_arena *arena, size_t size, bool *zeroed);
+void arena_free_span_block(void *p);
+/* Resizes live span block p in place to hold size bytes: into the free units that follow
+ * it, or by giving back its last units; false when it cannot grow there (or would pass
+ * FM_SPAN_BLOCK_UNITS_MAX). */
+bool arena_resize_span_block(void *p, size_t size);
+/* Bytes in span block p; 0 when p starts no span block out. Takes no lock. */
+size_t arena_span_block_usable_size(const void *p);
+
+/* ---- purging, statistics, fork (arena.c) ---- */
 
 /* How arena_purge gives memory back: what stayed empty a whole purge delay (a tick), or
  * everything, with the free pages inside partly used spans too (malloc_trim), or, out of
  * address space, every empty chunk unmapped and every kept span handed back to its
  * chunk without purging a page, and the chunks mapped ahead unmapped. */
 typedef enum { FM_PURGE_STALE, FM_PURGE_ALL, FM_UNMAP_EMPTY } fm_purge;
-/* Returns bytes given back (purged or unmapped). Caller holds the arena's lock. */
+/* Returns bytes given back (purged or unmapped). The caller holds the arena's lock. */
 size_t arena_purge(fm_arena *arena, fm_purge how);
 
 /* Bytes in the blocks of every arena's spans that are out: with their users or in thread
  * caches (for mallinfo). Takes each arena's lock in turn. */
 size_t arena_used_bytes(void);
 
-/* The fork window (sync.h): every arena's lock taken for the fork, then given back in
+/* The fork window (lock.h): every arena's lock taken for the fork, then given back in
  * the parent; in the child, an arena whose lock a borrower held at the fork starts again
  * empty (arena_abandon), its chunks never used again. */
 void arena_lock_all_for_fork(void);

@@ -7,8 +7,6 @@
 
 #include "os.h"
 
-uintptr_t fm_mark;
-
 fm_chunk *chunk_init(void *memory, struct fm_arena *arena, uint32_t generation) {
   fm_chunk *chunk = memory;
   /* The unit map's leaf now, so span set-up cannot fail later. */
@@ -50,13 +48,12 @@ static void span_set_all_free(fm_span *span) {
 
 /* Where a span of small blocks puts its first block: 0-960 bytes in, by class (rounded up
  * to a multiple of the largest power of two that divides the stride, so every block keeps
- * the alignment its class promises, fm_size_class_aligned; none for strides of whole
+ * the alignment its class promises, size_class_aligned; none for strides of whole
  * pages). Spans start 64 KiB aligned and a refill hands out a span's lowest free blocks
  * first (arena_alloc_batch), so without it the blocks a program uses most, of every class,
  * would share the low bits of their addresses, by which the CPU's caches and its checks of
- * loads against earlier stores index them: churn took 1.10 x the time (30 interleaved
- * pairs). It costs a span at most 960 bytes of blocks (the exact-stride twins of the
- * 1-8 KiB classes: one block). */
+ * loads against earlier stores index them. It costs a span at most 960 bytes of blocks (the
+ * exact-stride twins of the 1-8 KiB classes: one block). */
 static size_t span_color(unsigned cls, size_t stride) {
   size_t align = stride & (~stride + 1);
   if (cls > FM_NUM_SPAN_CLASSES || align >= FM_PAGE_SIZE) return 0;
@@ -112,13 +109,13 @@ fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool res
   if (cls == FM_CLASS_PAGES) {
     span->block_size = FM_PAGE_SIZE;
     page_layout_set(span, UINT16_MAX, 0);
-    span->clean_pages = zeroed ? UINT16_MAX : 0;
+    span->zeroed_pages = zeroed ? UINT16_MAX : 0;
     span->touched_starts = 0;
     return span;
   }
-  size_t block = fm_class_stride[cls] ? fm_class_stride[cls] : span_bytes(span);
+  size_t block = size_class_stride[cls] ? size_class_stride[cls] : span_bytes(span);
   span_set_block_size(span, block);
-  span->fresh = zeroed ? 0 : (uint16_t)span->capacity;
+  span->zeroed_from = zeroed ? 0 : (uint16_t)span->capacity;
   span->issued = 0;
   if (cls <= FM_NUM_SPAN_CLASSES) span_set_all_free(span);
   return span;
@@ -129,15 +126,15 @@ void chunk_give_back_span(fm_span *span, bool purged) {
   units_give_back(chunk, (unsigned)(span - chunk->spans), span->units, purged);
 }
 
-bool chunk_resize_large_span(fm_span *span, unsigned units) {
+bool chunk_resize_span_block(fm_span *span, unsigned units) {
   fm_chunk *chunk = chunk_of(span);
   unsigned first = (unsigned)(span - chunk->spans);
-  fm_assert(span->cls == FM_CLASS_SPAN_LARGE && units > 0);
+  fm_assert(span->cls == FM_CLASS_SPAN_BLOCK && units > 0);
   if (first + units > FM_UNITS_PER_CHUNK) return false;
   if (units > span->units) {
     uint64_t bits = unit_bits(first + span->units, units - span->units);
     if ((chunk->free_units & bits) != bits) return false;
-    units_take(chunk, first, first + span->units, units - span->units, FM_CLASS_SPAN_LARGE);
+    units_take(chunk, first, first + span->units, units - span->units, FM_CLASS_SPAN_BLOCK);
   } else {
     units_give_back(chunk, first + units, span->units - units, false);
   }
@@ -155,7 +152,7 @@ size_t chunk_used_bytes(const fm_chunk *chunk) {
     }
     const fm_span *span = &chunk->spans[unit];
     fm_assert(chunk->head_of[unit] == unit && span->units > 0);
-    if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * fm_class_size[span->cls];
+    if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * size_class_size[span->cls];
     else if (span->cls == FM_CLASS_PAGES) used += (size_t)span->used * FM_PAGE_SIZE;
     else if (span->used) used += span_bytes(span);   /* a large block: the whole span */
     unit += span->units;

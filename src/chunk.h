@@ -19,7 +19,6 @@ struct fm_arena;
 /* A page span (class FM_CLASS_PAGES) is one unit whose pages are the blocks: a block of
  * 8-64 KiB is a run of whole pages, so blocks of every such size share a unit, and a
  * block's pages are all it touches. Bit i of its masks stands for page i. */
-#define FM_PAGES_PER_UNIT (FM_UNIT_SIZE / FM_PAGE_SIZE)
 
 typedef struct fm_span {
   uint32_t used;           /* blocks out of the span: in thread caches or with the user;
@@ -30,7 +29,7 @@ typedef struct fm_span {
       uint16_t scan;       /* no free bit below this bitmap word */
       /* Blocks from this index on were never handed out since the span's units were zero
        * (never touched, or purged): they read zero. capacity when the units were dirty. */
-      uint16_t fresh;
+      uint16_t zeroed_from;
     };
     struct {               /* a page span */
       union {
@@ -42,12 +41,12 @@ typedef struct fm_span {
          * they change together, in one store (page_layout_set). */
         uint32_t page_layout;
       };
-      uint16_t clean_pages;  /* pages that read zero: not handed out since they were */
+      uint16_t zeroed_pages;  /* pages that read zero: not handed out since they were */
       uint16_t touched_starts; /* pages that began a block since they were last clean:
                                   resident, as the mark or the block's user wrote there */
     };
   };
-  uint8_t cls;             /* size class, FM_CLASS_SPAN_LARGE or FM_CLASS_PAGES */
+  uint8_t cls;             /* size class, FM_CLASS_SPAN_BLOCK or FM_CLASS_PAGES */
   uint8_t units;           /* length in units */
   uint8_t listed;          /* on its arena's partial list; a page span: the list of its
                               longest free run (0: on none) */
@@ -79,8 +78,6 @@ typedef struct fm_chunk {
 _Static_assert(sizeof(fm_chunk) <= FM_UNIT_SIZE, "chunk metadata fits in unit 0");
 
 #define FM_CHUNK_ALL_UNITS (~(uint64_t)1)  /* unit 0 is the metadata */
-
-extern fm_hidden uintptr_t fm_mark;   /* per-process random key: freed-block mark, large-block check */
 
 static inline fm_chunk *chunk_of(const void *p) {
   return (fm_chunk *)((uintptr_t)p & ~(uintptr_t)(FM_CHUNK_SIZE - 1));
@@ -153,7 +150,7 @@ void chunk_give_back_span(fm_span *span, bool purged);
 /* Resizes the span of a large block in place to `units` units: it takes the free units
  * that follow it (false when one of them is not free, or the chunk ends first), or gives
  * back its last ones, dirty. Its unit-map entries follow. */
-bool chunk_resize_large_span(fm_span *span, unsigned units);
+bool chunk_resize_span_block(fm_span *span, unsigned units);
 /* Bytes in the chunk's blocks that are out (with their users or in thread caches): a
  * span's by its count of blocks out, a large block's span whole. */
 size_t chunk_used_bytes(const fm_chunk *chunk);

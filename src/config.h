@@ -1,42 +1,113 @@
-/* Build variants and layout constants: the one place every knob of the build lives.
- * Nothing here allocates or calls the OS. */
+/* The build's variants, the layout's constants and the policy's numbers: every knob of
+ * fastmalloc lives here, each with the reason for its value. Nothing here allocates or
+ * calls the OS. (Run-time settings, read from the environment: options.h.) */
 #ifndef FM_CONFIG_H
 #define FM_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdbool.h>
 
+/* ---- Variants (CMake options of the same names) ---- */
+
+/* Invariant checks (fm_assert) on every path: Debug builds. Never on the fast path of a
+ * release build. */
 #ifndef FM_DEBUG
 #define FM_DEBUG 0
 #endif
-/* While glibc says the process has one thread, skip locks and atomics. */
+/* While glibc says the process has one thread, skip locks and atomics (lock.h). */
 #ifndef FM_SINGLE_THREAD_FLAG
 #define FM_SINGLE_THREAD_FLAG 1
 #endif
-
-/* Double-free mark (DESIGN §6): free() writes a per-process key into the freed block and
- * checks for it first, so a second free() of a cached block is caught at once. Without it
- * (a variant for measuring what the mark costs), a double free is caught only when the
- * thread's cache gives the block back to its span, and not at all if malloc hands the block
- * out again first. */
+/* The double-free check (tcache.h): no block is handed out twice, every double free is
+ * reported. Off only to measure what it costs. */
+#ifndef FM_FREE_MARK
+#define FM_FREE_MARK 1
+#endif
 /* Export the C heap's names (malloc, free, ...) besides the fm_ ones. Off only for the
  * sanitizer builds, whose runtimes keep the C heap for themselves. */
 #ifndef FM_LIBC_NAMES
 #define FM_LIBC_NAMES 1
 #endif
 
-#ifndef FM_FREE_MARK
-#define FM_FREE_MARK 1
-#endif
+/* ---- Layout ---- */
 
+#define FM_PAGE_SIZE 4096u
 #define FM_UNIT_SHIFT 16                      /* spans are runs of 64 KiB units */
 #define FM_UNIT_SIZE ((size_t)1 << FM_UNIT_SHIFT)
 #define FM_CHUNK_SHIFT 22                     /* chunks: 4 MiB, aligned to their size */
 #define FM_CHUNK_SIZE ((size_t)1 << FM_CHUNK_SHIFT)
 #define FM_UNITS_PER_CHUNK (FM_CHUNK_SIZE / FM_UNIT_SIZE)
+#define FM_PAGES_PER_UNIT (FM_UNIT_SIZE / FM_PAGE_SIZE)
 #define FM_ADDRESS_BITS 47                    /* x86_64 user space */
-#define FM_PAGE_SIZE 4096u
+
+/* ---- Policy ---- */
+
+/* Arenas: one per CPU the process may run on (or FASTMALLOC_ARENAS), at most this many. */
+#define FM_ARENAS_MAX 64
+/* An arena maps as many chunks at once as it has (1, 2, 4 ...), at most this many: mmap
+ * takes the kernel's mapping lock, which stalls every thread's page faults, while a small
+ * heap should hold no address space ahead of its needs. */
+#define FM_CHUNK_BATCH_MAX 8
+/* Empty chunks a purge tick leaves mapped (purged), for a heap that breathes. */
+#define FM_EMPTY_CHUNKS_KEPT 2
+/* A span of small blocks is the fewest units (at most this many) that waste at most 1/16
+ * of the span; one unit for blocks over 4 KiB, so each such class pins few pages. */
+#define FM_SPAN_UNITS_MAX 8
+/* Span blocks (one block a span) up to this many units, 1 MiB; larger blocks are mapped. */
+#define FM_SPAN_BLOCK_UNITS_MAX 16
+/* An empty span waits a purge tick with its class, so a class that empties and refills
+ * does not churn through its chunk: up to 4 MiB of spans a size class, 16 spans of span
+ * blocks or of page blocks. */
+#define FM_KEPT_SPAN_BYTES ((size_t)4 << 20)
+#define FM_KEPT_SPANS_OTHER 16
+
+/* Freed mappings wait in a cache per arena for the next mapped block: 8 mappings and
+ * 64 MiB a cache, 64 MiB in all (32 MiB an arena when there are more than two); one
+ * more than 8 MiB too big for a request is cut down first. */
+#define FM_MAPPED_CACHE_SLOTS 8
+#define FM_MAPPED_CACHE_BYTES ((size_t)64 << 20)
+#define FM_MAPPED_CACHE_ARENA_SHARE ((size_t)32 << 20)
+#define FM_MAPPED_TAKE_SLACK ((size_t)8 << 20)
+/* realloc gives a block it grows to this size or more a mapping of its own, which later
+ * growth extends or moves with mremap instead of copying it; smaller ones are cheap to
+ * copy. */
+#define FM_REALLOC_MAPPED_MIN ((size_t)256 << 10)
+/* calloc of this size or more (up to the size classes) may skip the clear for a block the
+ * arena knows reads zero: the pages a growing heap's callers never write stay out of RSS. */
+#define FM_CALLOC_ZEROED_MIN FM_PAGE_SIZE
+
+/* Thread caches. Requests up to FM_TABLED_MAX find their class in the cache's own copy of
+ * the size table (off %fs, one instruction less than a global); the copy stops there to
+ * keep the cache small (about 1.3 KiB of TLS), so a dlopen'ed copy of the library fits in
+ * glibc's spare static TLS. */
+#define FM_TABLED_MAX 1024u
+/* A bin starts with room for about 1 KiB (1 to 16 blocks), so a thread that allocates
+ * little holds little, and doubles on each miss up to about 2 MiB (32 KiB for blocks over
+ * 4 KiB, whose pages cost more than the arena trip they save), at most 2048 blocks. */
+#define FM_BIN_START_BYTES 1024
+#define FM_BIN_START_BLOCKS_MAX 16
+#define FM_BIN_MAX_BYTES ((size_t)2 << 20)
+#define FM_BIN_MAX_BYTES_LARGE ((size_t)32 << 10)
+#define FM_BIN_MAX_BLOCKS 2048
+/* A refill brings at most about 8 KiB (at least 32 blocks; 4 blocks over 4 KiB): a thread
+ * that only allocates would otherwise hold half its bin ahead of use. */
+#define FM_REFILL_BYTES 8192
+#define FM_REFILL_BLOCKS_MIN 32
+#define FM_REFILL_BLOCKS_LARGE 4
+/* A bin that only takes frees (a consumer's) holds at least 4 KiB and 8 blocks before it
+ * gives its blocks back, in batches of at most 256 pointers (2 KiB of stack). */
+#define FM_FREE_ONLY_BIN_BYTES 4096
+#define FM_FREE_ONLY_MIN_BLOCKS 8
+#define FM_FREE_ONLY_BATCH 256
+/* The idle sweep runs every 256 slow-path visits, and after each purge tick. */
+#define FM_SWEEP_MISSES 256
+/* All threads' bins together grow past their start by at most 8 x the per-thread budget. */
+#define FM_GROWN_BUDGETS 8
+/* Finished threads' bins' arrays kept for the next threads. */
+#define FM_BINS_POOL_MAX 256
+
+/* ---- Compiler ---- */
 
 #define fm_likely(x) __builtin_expect(!!(x), 1)
 #define fm_unlikely(x) __builtin_expect(!!(x), 0)
@@ -46,13 +117,13 @@
 /* Internal globals: direct rip-relative access, never through the GOT. */
 #define fm_hidden __attribute__((visibility("hidden")))
 
-/* Debug assertions: compiled out of release builds, so never on the fast path there. */
+/* Debug assertions: compiled out of release builds (diag.c reports a failed one). */
 #if FM_DEBUG
-#define fm_assert(cond) \
-  ((cond) ? (void)0 : fm_assert_fail(#cond, __FILE__, __LINE__))
+#define fm_assert(cond) ((cond) ? (void)0 : diag_assert_failed(#cond, __FILE__, __LINE__))
 #else
 #define fm_assert(cond) ((void)0)
 #endif
-__attribute__((noreturn, cold)) void fm_assert_fail(const char *what, const char *file, int line);
+__attribute__((noreturn, cold)) void diag_assert_failed(const char *what, const char *file,
+                                                        int line);
 
 #endif

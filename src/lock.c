@@ -1,13 +1,13 @@
 /* The slow paths of the futex lock in sync.h: waiting, waking, and the fork window's
  * borrowing. A thread sleeps only on a lock that another thread holds inside fastmalloc
  * (held, or borrowed), never on the forking thread itself. */
-#include "sync.h"
+#include "lock.h"
 
-/* The fork window (fm_lock_fork_window): the forking process, 0 outside the window. */
+/* The fork window (lock_fork_window): the forking process, 0 outside the window. */
 static _Atomic unsigned fork_parent_pid;
 static void (*fork_repair_child)(void);
 
-void fm_lock_fork_window(unsigned parent_pid, void (*repair_child)(void)) {
+void lock_fork_window(unsigned parent_pid, void (*repair_child)(void)) {
   fork_repair_child = repair_child;
   atomic_store_explicit(&fork_parent_pid, parent_pid, memory_order_release);
 }
@@ -21,7 +21,7 @@ static bool in_unrepaired_child(void) {
 /* Takes a lock found free (from 0) or held for a fork (from LOCK_FORK, borrowing it);
  * waited: this thread slept on it, so others may still be asleep and its unlock must
  * wake one. */
-static bool try_take(fm_lock_t *lock, int seen, bool waited) {
+static bool try_take(lock_t *lock, int seen, bool waited) {
   if (seen != 0 && seen != LOCK_FORK) return false;
   int next = seen | LOCK_HELD | (waited ? LOCK_WAITERS : 0);
   return atomic_compare_exchange_strong_explicit(&lock->state, &seen, next, memory_order_acquire,
@@ -30,7 +30,7 @@ static bool try_take(fm_lock_t *lock, int seen, bool waited) {
 
 /* Sleeps until the lock's state is no longer `seen` (held), having marked it waited on;
  * in a fork child whose lock was borrowed at the fork, repairs the heap instead. */
-static void wait_while_held(fm_lock_t *lock, int seen) {
+static void wait_while_held(lock_t *lock, int seen) {
   if ((seen & LOCK_FORK) && in_unrepaired_child()) {
     fork_repair_child();
     return;
@@ -42,7 +42,7 @@ static void wait_while_held(fm_lock_t *lock, int seen) {
     os_futex_wait((int *)&lock->state, waited);
 }
 
-void fm_lock_contended(fm_lock_t *lock) {
+void lock_take_contended(lock_t *lock) {
   for (int spin = 0; spin < 100; spin++) {
     if (try_take(lock, atomic_load_explicit(&lock->state, memory_order_relaxed), false)) return;
     __builtin_ia32_pause();
@@ -54,7 +54,7 @@ void fm_lock_contended(fm_lock_t *lock) {
   }
 }
 
-void fm_unlock_contended(fm_lock_t *lock) {
+void lock_release_contended(lock_t *lock) {
   /* A borrowed lock goes back to the forking thread, any other becomes free. */
   int seen = atomic_load_explicit(&lock->state, memory_order_relaxed);
   while (!atomic_compare_exchange_weak_explicit(&lock->state, &seen, seen & LOCK_FORK,
@@ -63,14 +63,14 @@ void fm_unlock_contended(fm_lock_t *lock) {
   if (seen & LOCK_WAITERS) os_futex_wake((int *)&lock->state, 1);
 }
 
-void fm_lock_for_fork(fm_lock_t *lock) {
-  fm_lock(lock, true);
+void lock_for_fork(lock_t *lock) {
+  lock_take(lock, true);
   /* Threads asleep on it wake to borrow it. */
   if (atomic_exchange_explicit(&lock->state, LOCK_FORK, memory_order_acq_rel) & LOCK_WAITERS)
     os_futex_wake((int *)&lock->state, INT32_MAX);
 }
 
-void fm_lock_after_fork_parent(fm_lock_t *lock) {
+void lock_after_fork_parent(lock_t *lock) {
   for (;;) {
     int seen = atomic_load_explicit(&lock->state, memory_order_acquire);
     if (seen == LOCK_FORK) {
@@ -85,7 +85,7 @@ void fm_lock_after_fork_parent(fm_lock_t *lock) {
   }
 }
 
-bool fm_lock_after_fork_child(fm_lock_t *lock) {
+bool lock_after_fork_child(lock_t *lock) {
   int seen = atomic_exchange_explicit(&lock->state, 0, memory_order_acq_rel);
   return (seen & LOCK_HELD) != 0;
 }

@@ -3,7 +3,7 @@
 
 #include "os.h"
 
-fm_options_t fm_options = {
+options_t options = {
     .purge_delay_ns = 100ull * 1000 * 1000,
     .tcache_max_bytes = (size_t)4 << 20,
 };
@@ -34,11 +34,11 @@ static bool parse_size(const char *text, uint64_t *out) {
   return true;
 }
 
-void fm_options_init(void) {
+void options_init(void) {
   uint64_t value;
   if (parse_size(os_getenv("FASTMALLOC_PURGE_DELAY_MS"), &value))
-    fm_options.purge_delay_ns = (value < PURGE_DELAY_MAX_MS ? value : PURGE_DELAY_MAX_MS) * 1000000;
-  if (parse_size(os_getenv("FASTMALLOC_TCACHE_MAX"), &value)) fm_options.tcache_max_bytes = value;
+    options.purge_delay_ns = (value < PURGE_DELAY_MAX_MS ? value : PURGE_DELAY_MAX_MS) * 1000000;
+  if (parse_size(os_getenv("FASTMALLOC_TCACHE_MAX"), &value)) options.tcache_max_bytes = value;
   if (parse_size(os_getenv("FASTMALLOC_ARENAS"), &value) && value >= 1)
-    fm_options.arenas = value < UINT32_MAX ? (unsigned)value : UINT32_MAX;   /* arenas cap it */
+    options.arenas = value < UINT32_MAX ? (unsigned)value : UINT32_MAX;   /* arenas cap it */
 }

@@ -11,14 +11,14 @@
 
 #include "config.h"
 
-typedef struct fm_options {
+typedef struct options {
   uint64_t purge_delay_ns;
   size_t tcache_max_bytes;
   unsigned arenas;   /* 0: one per CPU */
-} fm_options_t;
+} options_t;
 
-extern fm_hidden fm_options_t fm_options;
+extern fm_hidden options_t options;
 
-void fm_options_init(void);
+void options_init(void);
 
 #endif

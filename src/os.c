@@ -1,10 +1,9 @@
-/* Every call into the kernel: mappings, purging, time, randomness, futexes and the one
- * line printed on fatal misuse. Uses raw system calls or libc wrappers that never
- * allocate; keeps a count of mapped bytes for fm_mapped_bytes(). Every function keeps errno
- * as it was, failing or not: callers decide what a failure means (malloc sets ENOMEM; a
- * fallback that works leaves errno alone, as glibc's malloc does). */
+/* Every call into the kernel: mappings, purging, time, randomness, futexes, the process
+ * id and writes to stderr. Uses raw system calls or libc wrappers that never allocate;
+ * keeps a count of mapped bytes. Every function keeps errno as it was, failing or not:
+ * callers decide what a failure means (malloc sets ENOMEM; a fallback that works leaves
+ * errno alone, as glibc's malloc does). */
 #include "os.h"
-#include "sync.h"
 
 #include <errno.h>
 #include <linux/futex.h>
@@ -19,7 +18,10 @@
 
 extern char **environ;
 
-static size_t os_mapped;   /* bytes mapped read-write, through fm_count_add */
+static size_t os_mapped;   /* bytes mapped read-write (modular: shrinking adds its two's
+                              complement) */
+
+static void mapped_add(size_t delta) { __atomic_fetch_add(&os_mapped, delta, __ATOMIC_RELAXED); }
 
 static void os_unmap_uncounted(void *addr, size_t size) {
   int saved = errno;
@@ -36,7 +38,7 @@ static void *os_mmap(void *hint, size_t size, int prot, int flags) {
 
 void *os_map(size_t size) {
   void *p = os_mmap(NULL, size, PROT_READ | PROT_WRITE, 0);
-  if (p) fm_count_add(&os_mapped, size);
+  if (p) mapped_add(size);
   return p;
 }
 
@@ -61,13 +63,13 @@ static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
 
 void *os_map_aligned(size_t size, size_t align) {
   void *p = os_mmap_aligned(size, align, PROT_READ | PROT_WRITE, 0);
-  if (p) fm_count_add(&os_mapped, size);
+  if (p) mapped_add(size);
   return p;
 }
 
 void os_unmap(void *addr, size_t size) {
   os_unmap_uncounted(addr, size);
-  fm_count_add(&os_mapped, -size);
+  mapped_add(-size);
 }
 
 bool os_purge(void *addr, size_t size) {
@@ -93,13 +95,13 @@ static void *os_mremap(void *addr, size_t old_size, size_t new_size, int flags, 
 
 void *os_remap(void *addr, size_t old_size, size_t new_size) {
   void *p = os_mremap(addr, old_size, new_size, 0, NULL);
-  if (p) fm_count_add(&os_mapped, new_size - old_size);   /* modular: shrinking works too */
+  if (p) mapped_add(new_size - old_size);   /* modular: shrinking works too */
   return p;
 }
 
 void *os_remap_move(void *addr, size_t old_size, size_t new_size, void *dest) {
   void *p = os_mremap(addr, old_size, new_size, MREMAP_MAYMOVE | (dest ? MREMAP_FIXED : 0), dest);
-  if (p) fm_count_add(&os_mapped, new_size - old_size);
+  if (p) mapped_add(new_size - old_size);
   return p;
 }
 
@@ -111,7 +113,7 @@ bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
   if (!os_mremap(addr, old_size, new_size, flags, dest) &&
       !os_mremap(addr, old_size, old_size, flags, dest))
     return false;
-  fm_count_add(&os_mapped, -old_size);   /* dest's range was counted when it was mapped */
+  mapped_add(-old_size);   /* dest's range was counted when it was mapped */
   return true;
 }
 
@@ -171,55 +173,18 @@ void os_futex_wake(int *addr, int count) {
   errno = saved;
 }
 
-char *os_append(char *out, char *limit, const char *text) {
-  while (*text && out < limit) *out++ = *text++;
-  return out;
-}
-
-char *os_format_u64(char *out, uint64_t value, unsigned base) {
-  char digits[24];
-  int n = 0;
-  do {
-    digits[n++] = "0123456789abcdef"[value % base];
-    value /= base;
-  } while (value);
-  while (n) *out++ = digits[--n];
-  return out;
-}
-
-void os_write_stderr(const char *text) {
-  size_t len = strlen(text);
+void os_write_stderr(const char *text, size_t len) {
+  int saved = errno;
   while (len) {
     ssize_t w = write(STDERR_FILENO, text, len);
     if (w <= 0) {
       if (w < 0 && errno == EINTR) continue;
-      return;
+      break;
     }
     text += w;
     len -= (size_t)w;
   }
+  errno = saved;
 }
 
-void os_fatal(const char *what, const void *ptr) {
-  char line[160];
-  char *room = line + sizeof line - 24;   /* for " 0x", the pointer and "\n" */
-  char *p = os_append(os_append(line, room, "fastmalloc: "), room, what);
-  if (ptr) p = os_format_u64(os_append(p, line + sizeof line, " 0x"), (uintptr_t)ptr, 16);
-  *p++ = '\n';
-  *p = 0;
-  os_write_stderr(line);
-  abort();
-}
-
-void fm_assert_fail(const char *what, const char *file, int line) {
-  char buf[32];
-  *os_format_u64(buf, (uint64_t)line, 10) = 0;
-  os_write_stderr("fastmalloc: assertion failed: ");
-  os_write_stderr(what);
-  os_write_stderr(" at ");
-  os_write_stderr(file);
-  os_write_stderr(":");
-  os_write_stderr(buf);
-  os_write_stderr("\n");
-  abort();
-}
+void os_abort(void) { abort(); }

@@ -33,10 +33,7 @@ unsigned os_getpid(void);                         /* the raw system call: never 
 void os_futex_wait(int *addr, int expected);
 void os_futex_wake(int *addr, int count);         /* INT32_MAX: all */
 
-/* Prints "fastmalloc: <what> 0x<ptr>" (ptr omitted when NULL) to stderr and aborts. */
-__attribute__((noreturn, cold)) void os_fatal(const char *what, const void *ptr);
-void os_write_stderr(const char *text);
-char *os_format_u64(char *out, uint64_t value, unsigned base);  /* returns end of text */
-char *os_append(char *out, char *limit, const char *text);  /* not past limit; returns end */
+void os_write_stderr(const char *text, size_t len);
+__attribute__((noreturn)) void os_abort(void);
 
 #endif

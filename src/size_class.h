@@ -17,25 +17,25 @@
  * never picked by size) serve the aligned requests that need the exact stride. */
 #define FM_NUM_TWINS 8
 #define FM_NUM_SPAN_CLASSES (FM_NUM_CLASSES + FM_NUM_TWINS)   /* every class with spans */
-#define FM_CLASS_SPAN_LARGE (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */
+#define FM_CLASS_SPAN_BLOCK (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */
 #define FM_CLASS_PAGES (FM_NUM_SPAN_CLASSES + 2)       /* unit-map marker: a page span */
 #define FM_CLASS_MAPPED (FM_NUM_SPAN_CLASSES + 3)      /* unit-map marker: its own mapping */
 #define FM_CLASS_BINS (FM_NUM_SPAN_CLASSES + 4)        /* unit-map marker: a bins' array */
 #define FM_BINS (FM_NUM_SPAN_CLASSES + 5)              /* tcache bins, markers included */
 
-/* Class of each 16-byte granule of size; filled by fm_size_class_init() before the
+/* Class of each 16-byte granule of size; filled by size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */
-extern fm_hidden uint8_t fm_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
-extern fm_hidden const uint32_t fm_class_size[FM_BINS];    /* bytes usable in a block */
-extern fm_hidden const uint32_t fm_class_stride[FM_BINS];  /* distance between blocks */
+extern fm_hidden uint8_t size_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
+extern fm_hidden const uint32_t size_class_size[FM_BINS];    /* bytes usable in a block */
+extern fm_hidden const uint32_t size_class_stride[FM_BINS];  /* distance between blocks */
 
 /* Class for size <= FM_SMALL_MAX by table: one load. */
-static fm_always_inline unsigned fm_size_class(size_t size) {
-  return fm_class_of_granule[(size + 15) >> 4];
+static fm_always_inline unsigned size_class_of(size_t size) {
+  return size_class_of_granule[(size + 15) >> 4];
 }
 
 /* The same answer computed from the definition; the table is checked against it. */
-static inline unsigned fm_size_class_formula(size_t size) {
+static inline unsigned size_class_formula(size_t size) {
   if (size <= 128) return size <= 16 ? 1 : (unsigned)((size + 15) >> 4);
   size_t m = size - 1;
   unsigned b = 63u - (unsigned)__builtin_clzll(m);      /* 2^b <= m < 2^(b+1), b >= 7 */
@@ -46,8 +46,8 @@ static inline unsigned fm_size_class_formula(size_t size) {
 /* Smallest class whose blocks are all aligned to `align` (a power of two <= 8 KiB)
  * and hold `size` bytes, or 0 when no class does: a padded class's twin when only the
  * twin's stride keeps the alignment. */
-unsigned fm_size_class_aligned(size_t size, size_t align);
+unsigned size_class_aligned(size_t size, size_t align);
 
-void fm_size_class_init(void);
+void size_class_init(void);
 
 #endif

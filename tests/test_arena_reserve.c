@@ -10,8 +10,8 @@
 /* Bytes mapped ahead by every arena. Single-threaded here: no lock needed. */
 static size_t reserve_bytes(void) {
   size_t bytes = 0;
-  for (unsigned i = 0; i < fm_arena_count; i++)
-    bytes += (size_t)(fm_arenas[i].reserve_end - fm_arenas[i].reserve);
+  for (unsigned i = 0; i < arena_count; i++)
+    bytes += (size_t)(arenas[i].reserve_end - arenas[i].reserve);
   return bytes;
 }
 
@@ -44,8 +44,8 @@ static void test_trim_keeps_chunks_mapped_ahead(void **state) {
 /* With a purge delay of 1 ms, a 100 KiB block (a chunk span's, so each free reaches the
  * arena and can tick) every 2 ms; a bound on progress, not a timing: 500 rounds. */
 static void test_tick_after_shrink_unmaps_chunks_mapped_ahead(void **state) {
-  uint64_t delay = fm_options.purge_delay_ns;
-  fm_options.purge_delay_ns = 1000 * 1000;
+  uint64_t delay = options.purge_delay_ns;
+  options.purge_delay_ns = 1000 * 1000;
   size_t n = build_heap_with_reserve();
   free_heap(n);
   int rounds = 0;
@@ -54,7 +54,7 @@ static void test_tick_after_shrink_unmaps_chunks_mapped_ahead(void **state) {
     free(fmt_launder(malloc(100 * FMT_KIB)));
     rounds++;
   }
-  fm_options.purge_delay_ns = delay;
+  options.purge_delay_ns = delay;
   print_message("after %d rounds, %zu bytes mapped ahead\n", rounds, reserve_bytes());
   assert_int_equal(reserve_bytes(), 0);
 }

@@ -1,25 +1,25 @@
 /* White-box test of src/options.c, built from the allocator's objects: each FASTMALLOC_*
  * variable takes digits with an optional K/M/G suffix, saturates what overflows (each knob
- * caps its own value), and leaves the default for anything else. fm_options_init() runs
+ * caps its own value), and leaves the default for anything else. options_init() runs
  * again here after setenv; the allocator of this process keeps working meanwhile. */
 #include "fm_test.h"
 
 #include "options.h"
 
-static const fm_options_t defaults = {.purge_delay_ns = 100ull * 1000 * 1000,
+static const options_t defaults = {.purge_delay_ns = 100ull * 1000 * 1000,
                                       .tcache_max_bytes = (size_t)4 << 20};
 
 /* The options after setting `name` to `value` (the other two unset). */
-static fm_options_t options_with(const char *name, const char *value) {
+static options_t options_with(const char *name, const char *value) {
   unsetenv("FASTMALLOC_PURGE_DELAY_MS");
   unsetenv("FASTMALLOC_TCACHE_MAX");
   unsetenv("FASTMALLOC_ARENAS");
   if (value) setenv(name, value, 1);
-  fm_options = defaults;
-  fm_options_init();
-  fm_options_t got = fm_options;
+  options = defaults;
+  options_init();
+  options_t got = options;
   unsetenv(name);
-  fm_options = defaults;
+  options = defaults;
   return got;
 }
 

@@ -10,26 +10,26 @@ static void test_class_sizes_match_design(void **state) {
   unsigned n = fmt_class_sizes(expect);
   assert_int_equal(FM_NUM_CLASSES, n);
   for (unsigned c = 1; c <= FM_NUM_CLASSES; c++)
-    if (fm_class_size[c] != expect[c - 1])
-      fail_msg("class %u has size %u, DESIGN says %zu", c, (unsigned)fm_class_size[c],
+    if (size_class_size[c] != expect[c - 1])
+      fail_msg("class %u has size %u, DESIGN says %zu", c, (unsigned)size_class_size[c],
                expect[c - 1]);
-  assert_int_equal(fm_class_size[FM_NUM_CLASSES], FM_SMALL_MAX);
+  assert_int_equal(size_class_size[FM_NUM_CLASSES], FM_SMALL_MAX);
 }
 
 static void test_table_matches_formula(void **state) {
   for (size_t s = 0; s <= FM_SMALL_MAX; s++)
-    if (fm_size_class(s) != fm_size_class_formula(s))
-      fail_msg("size %zu: table says class %u, formula %u", s, fm_size_class(s),
-               fm_size_class_formula(s));
+    if (size_class_of(s) != size_class_formula(s))
+      fail_msg("size %zu: table says class %u, formula %u", s, size_class_of(s),
+               size_class_formula(s));
 }
 
 static void test_smallest_fitting_class(void **state) {
   for (size_t s = 0; s <= FM_SMALL_MAX; s++) {
-    unsigned c = fm_size_class(s);
+    unsigned c = size_class_of(s);
     if (c < 1 || c > FM_NUM_CLASSES) fail_msg("size %zu: class %u out of range", s, c);
-    if (fm_class_size[c] < s)
-      fail_msg("size %zu: class %u holds only %u", s, c, (unsigned)fm_class_size[c]);
-    if (c > 1 && fm_class_size[c - 1] >= s)
+    if (size_class_size[c] < s)
+      fail_msg("size %zu: class %u holds only %u", s, c, (unsigned)size_class_size[c]);
+    if (c > 1 && size_class_size[c - 1] >= s)
       fail_msg("size %zu: class %u is not the smallest", s, c);
   }
 }
@@ -39,13 +39,13 @@ static void test_smallest_fitting_class(void **state) {
 static void test_strides(void **state) {
   unsigned twins = 0;
   for (unsigned c = 1; c <= FM_NUM_CLASSES; c++) {
-    uint32_t size = fm_class_size[c];
+    uint32_t size = size_class_size[c];
     bool padded = size % 1024 == 0 && size <= 8192;
-    assert_int_equal(fm_class_stride[c], padded ? size + 64 : size);
+    assert_int_equal(size_class_stride[c], padded ? size + 64 : size);
     if (!padded) continue;
     twins++;
-    assert_int_equal(fm_class_size[FM_NUM_CLASSES + twins], size);
-    assert_int_equal(fm_class_stride[FM_NUM_CLASSES + twins], size);
+    assert_int_equal(size_class_size[FM_NUM_CLASSES + twins], size);
+    assert_int_equal(size_class_stride[FM_NUM_CLASSES + twins], size);
   }
   assert_int_equal(twins, FM_NUM_TWINS);
 }
@@ -78,10 +78,10 @@ static void test_aligned_class(void **state) {
     for (size_t s = 0; s <= FM_SMALL_MAX; s++) {
       unsigned best = 0;
       for (unsigned c = 1; c <= FM_NUM_SPAN_CLASSES; c++) {
-        if (fm_class_size[c] < s || fm_class_stride[c] % a != 0) continue;
-        if (!best || fm_class_size[c] < fm_class_size[best]) best = c;
+        if (size_class_size[c] < s || size_class_stride[c] % a != 0) continue;
+        if (!best || size_class_size[c] < size_class_size[best]) best = c;
       }
-      unsigned got = fm_size_class_aligned(s, a);
+      unsigned got = size_class_aligned(s, a);
       if (got != best)
         fail_msg("size %zu align %zu: class %u, the smallest aligned fit is %u", s, a, got, best);
     }

@@ -1,8 +1,8 @@
 /* Locks and the single-threaded switch. The only header that reads glibc's
- * __libc_single_threaded: while it is true, fm_lock/fm_unlock do nothing. A slow-path
- * operation reads the flag once (fm_threaded()) and passes that value to its unlock. */
-#ifndef FM_SYNC_H
-#define FM_SYNC_H
+ * __libc_single_threaded: while it is true, lock_take/lock_release do nothing. A slow-path
+ * operation reads the flag once (lock_threaded()) and passes that value to its release. */
+#ifndef FM_LOCK_H
+#define FM_LOCK_H
 
 #include <stdatomic.h>
 #include <sys/single_threaded.h>
@@ -10,7 +10,7 @@
 #include "os.h"
 
 /* True once the process has (or had) a second thread; glibc never sets it back. */
-static fm_always_inline bool fm_threaded(void) {
+static fm_always_inline bool lock_threaded(void) {
 #if FM_SINGLE_THREAD_FLAG
   return !__libc_single_threaded;
 #else
@@ -18,10 +18,10 @@ static fm_always_inline bool fm_threaded(void) {
 #endif
 }
 
-/* Adds delta (modular: "negative" works) to a statistics counter that any thread may
- * update: a locked add only once the process has a second thread. */
-static inline void fm_count_add(size_t *counter, size_t delta) {
-  if (fm_threaded()) __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
+/* Adds delta (modular: "negative" works) to a counter that any thread may update: a
+ * locked add only once the process has a second thread. */
+static inline void lock_add(size_t *counter, size_t delta) {
+  if (lock_threaded()) __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
   else __atomic_store_n(counter, __atomic_load_n(counter, __ATOMIC_RELAXED) + delta, __ATOMIC_RELAXED);
 }
 
@@ -36,60 +36,60 @@ static inline void fm_count_add(size_t *counter, size_t delta) {
  * off mid-operation: the heap behind it is then rebuilt (lock.c, fork_child_repair). */
 enum { LOCK_HELD = 1, LOCK_WAITERS = 2, LOCK_FORK = 4 };
 
-typedef struct fm_lock {
+typedef struct lock {
   _Atomic int state;
-} fm_lock_t;
+} lock_t;
 
-#define FM_LOCK_INIT {0}
+#define LOCK_INIT {0}
 
-void fm_lock_contended(fm_lock_t *lock);
-void fm_unlock_contended(fm_lock_t *lock);
+void lock_take_contended(lock_t *lock);
+void lock_release_contended(lock_t *lock);
 
-static inline void fm_lock_init(fm_lock_t *lock) {
+static inline void lock_init(lock_t *lock) {
   atomic_store_explicit(&lock->state, 0, memory_order_relaxed);
 }
 
-static fm_always_inline void fm_lock(fm_lock_t *lock, bool threaded) {
+static fm_always_inline void lock_take(lock_t *lock, bool threaded) {
   if (!threaded) return;
   int expected = 0;
   if (fm_likely(atomic_compare_exchange_strong_explicit(&lock->state, &expected, LOCK_HELD,
                                                         memory_order_acquire,
                                                         memory_order_relaxed)))
     return;
-  fm_lock_contended(lock);
+  lock_take_contended(lock);
 }
 
 /* Takes the lock only if it is free: a lock held for a fork counts as busy. */
-static inline bool fm_trylock(fm_lock_t *lock, bool threaded) {
+static inline bool lock_try(lock_t *lock, bool threaded) {
   int expected = 0;
   return !threaded || atomic_compare_exchange_strong_explicit(&lock->state, &expected, LOCK_HELD,
                                                               memory_order_acquire,
                                                               memory_order_relaxed);
 }
 
-static fm_always_inline void fm_unlock(fm_lock_t *lock, bool threaded) {
+static fm_always_inline void lock_release(lock_t *lock, bool threaded) {
   if (!threaded) return;
   int expected = LOCK_HELD;
   if (fm_likely(atomic_compare_exchange_strong_explicit(&lock->state, &expected, 0,
                                                         memory_order_release,
                                                         memory_order_relaxed)))
     return;
-  fm_unlock_contended(lock);
+  lock_release_contended(lock);
 }
 
 /* The fork window (called by the fork handlers only, for every allocator lock):
- * fm_lock_for_fork takes the lock and leaves it in LOCK_FORK; fm_lock_after_fork_parent
- * waits for any borrower and frees it; fm_lock_after_fork_child frees it and says whether
+ * lock_for_fork takes the lock and leaves it in LOCK_FORK; lock_after_fork_parent
+ * waits for any borrower and frees it; lock_after_fork_child frees it and says whether
  * a borrower was cut off inside it (what it guards may be half updated). */
-void fm_lock_for_fork(fm_lock_t *lock);
-void fm_lock_after_fork_parent(fm_lock_t *lock);
-bool fm_lock_after_fork_child(fm_lock_t *lock);
+void lock_for_fork(lock_t *lock);
+void lock_after_fork_parent(lock_t *lock);
+bool lock_after_fork_child(lock_t *lock);
 
 /* The fork window opens (parent_pid: the forking process) and closes (0). While it is
  * open, a thread that would wait for a borrowed lock checks whether it is in the child,
  * before fastmalloc's child handler ran (another library's child handler, or glibc's own
  * clean-up, allocating): then it calls repair_child first, which must leave every lock
  * free. */
-void fm_lock_fork_window(unsigned parent_pid, void (*repair_child)(void));
+void lock_fork_window(unsigned parent_pid, void (*repair_child)(void));
 
 #endif

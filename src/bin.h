@@ -1,0 +1,48 @@
+/* A thread cache's bin: a stack of block pointers in the cache's own memory (not a list
+ * linked through the free blocks: a pop follows no link a stray write could redirect),
+ * with room up to a limit and, in the slot below its bottom, a sentinel. And the double-
+ * free check that its slots carry (FM_FREE_MARK):
+ * - free writes into the block's second word the address of the slot it pushes the block
+ *   to, without reading the block;
+ * - malloc pops a block only if its mark names the slot it pops it from: a block freed
+ *   twice sits in two slots, one of which its mark cannot name (nor can a mark overwritten
+ *   by a write into a free block); an empty bin's top slot holds the sentinel, a block
+ *   whose mark names no slot, so the same compare finds the bin empty;
+ * - blocks leave a bin for their span only with the right mark (bin_blocks_leave checks
+ *   them), carrying FM_FREED_MARK instead, and a refill that takes a block handed out
+ *   before checks it still carries that, or zero if its page was purged (bin_recycled):
+ *   so a block freed again after its first free reached the span is caught when the span
+ *   would hand it out twice;
+ * - a free that finds its block on top of the bin reports at once (free(p); free(p)).
+ * No block is ever handed out twice, and every double free is reported, at the latest
+ * when the duplicate is reached. */
+#ifndef FM_BIN_H
+#define FM_BIN_H
+
+#include "diag.h"
+
+#define FM_FREED_MARK diag_key
+
+/* The sentinel block: its second word, 0, names no slot. */
+extern fm_hidden const uintptr_t bin_sentinel[2];
+
+/* Whether block's mark names `slot` (always, without the check). */
+static fm_always_inline bool mark_matches(const void *block, void *const *slot) {
+  return !FM_FREE_MARK || ((void *const *const *)block)[1] == slot;
+}
+static fm_always_inline void mark_set(void *block, const void *mark) {
+  if (FM_FREE_MARK) ((const void **)block)[1] = mark;
+}
+
+/* Checks the blocks of bin cls's slots [from, from + n) (each in a span of class cls, its
+ * mark naming its slot) and gives each FM_FREED_MARK instead: they go back to their spans. */
+void bin_blocks_leave(void **from, size_t n, unsigned cls);
+/* Moves n blocks of bin cls from slots `from` to slots `to` (the ranges may overlap),
+ * checking them and making their marks name their new slots. */
+void bin_blocks_move(void **from, void **to, size_t n, unsigned cls);
+/* Checks the block popped from `slot`; reports it when its mark does not name the slot. */
+void bin_popped_check(void *p, void **slot);
+/* A block from arena_alloc_batch, untagged, after the check of a recycled one (above). */
+void *bin_recycled(void *tagged);
+
+#endif
