@@ -1,9 +1,10 @@
-/* fork against libc's own locks: glibc's fork takes the NSS database lock and the stdio list
- * lock after the atfork handlers, so an allocator whose handler holds its locks by then waits
- * on a thread that holds one of those and waits for the allocator. Default: 4 threads fork in a
- * loop while 8 threads getline from pipes (realloc under the FILE lock) and one fflush(NULL)s;
- * --nss: fresh processes whose threads fork while others make their first NSS lookups
- * (getpwnam, getpwuid, getaddrinfo of localhost). Exit 0 when it ends; a hang is the failure.
+/* fork against libc's own locks: glibc's fork takes the stdio list lock (and the NSS
+ * database lock) after the atfork handlers, so an allocator whose handler holds its locks by
+ * then waits for any thread that holds one of those while it waits for the allocator. Default:
+ * 4 threads fork in a loop while 8 threads getline from pipes (realloc under the FILE lock) and
+ * one fflush(NULL)s; --nss: fresh processes whose threads fork while others make their first
+ * NSS lookups (getpwnam, getpwuid, getaddrinfo of localhost). Exit 0 when it ends; a hang is
+ * the failure.
  * Usage: fork_stdio [--seconds N] [--rounds R] [--nss]   (defaults: 3 s, 1 round; rounds
  * run one after the other, each with fresh threads and pipes) */
 #include <errno.h>
@@ -195,8 +196,10 @@ static int run_stdio(void) {
 
 /* ---- NSS lookups ---- */
 
-/* A process's first lookup loads the NSS configuration, allocating under the database lock
- * that fork takes: each round is a fresh process whose lookups start while its threads fork. */
+/* A process's first lookup loads the NSS configuration: each round is a fresh process whose
+ * lookups start while its threads fork. (glibc 2.36 holds the database lock only to check and
+ * swap the configuration, and allocates outside it; a libc that allocates under it would
+ * deadlock here with an allocator that holds its locks across fork.) */
 static pthread_barrier_t round_start;
 
 static void *nss_forker(void *arg) {
