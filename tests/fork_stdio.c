@@ -1,12 +1,6 @@
-/* fork against libc's own locks: glibc's fork takes the stdio list lock (and the NSS
- * database lock) after the atfork handlers, so an allocator whose handler holds its locks by
- * then waits for any thread that holds one of those while it waits for the allocator. Default:
- * 4 threads fork in a loop while 8 threads getline from pipes (realloc under the FILE lock) and
- * one fflush(NULL)s; --nss: fresh processes whose threads fork while others make their first
- * NSS lookups (getpwnam, getpwuid, getaddrinfo of localhost). Exit 0 when it ends; a hang is
- * the failure.
- * Usage: fork_stdio [--seconds N] [--rounds R] [--nss]   (defaults: 3 s, 1 round; rounds
- * run one after the other, each with fresh threads and pipes) */
+/* fork against libc's stdio and NSS locks, which glibc's fork takes after the atfork handlers:
+ * threads fork while others getline from pipes and fflush(NULL) (--nss: make their first NSS
+ * lookups). A hang is the failure. Usage: fork_stdio [--seconds N] [--rounds R] [--nss] */
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -167,6 +161,9 @@ static void *flusher(void *arg) {
   return NULL;
 }
 
+/* 4 threads fork in a loop, 8 getline from pipes that 8 writers feed, one calls fflush(NULL),
+ * which locks every FILE under the list lock: an allocator whose prepare handler holds its locks
+ * while fork waits for the list lock deadlocks with a getline waiting in realloc. */
 static int run_stdio(void) {
   static pipe_pair pp[READERS];
   pthread_t w[READERS], r[READERS], f[FORKERS], fl;

@@ -1,8 +1,6 @@
-/* Out of memory under a low address-space limit (512 MiB, set before the threads start): 9
- * threads allocate with every allocation function until each one fails. Every failure is NULL
- * with errno ENOMEM (posix_memalign: it returns ENOMEM and keeps errno), what succeeded is
- * aligned and zeroed as asked, a failed realloc keeps its block; after everything is freed a
- * moderate malloc works again. Exit 0 on success (run it without fastmalloc as the control). */
+/* Out of memory under a 512 MiB RLIMIT_AS: 9 threads use every allocation function until each
+ * fails (NULL and ENOMEM; posix_memalign returns it), alignment, zeroing and the blocks of failed
+ * reallocs checked; then all is freed and malloc works again. Exit 0 when all holds. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>

@@ -1,7 +1,6 @@
-/* Threads under an address-space limit of 200 MB: set in a fork child that then starts 8
- * threads with small stacks, and set by one thread while another allocates, before 8 more
- * start. Threads must start, every failed malloc is NULL with ENOMEM, nothing crashes.
- * Each case runs in a child; exit 0 when all pass (run it without fastmalloc as the control). */
+/* Threads under a 200 MB RLIMIT_AS set in a fork child, or by one thread while another
+ * allocates: 8 small-stack threads must start and allocate until malloc fails, each failure
+ * NULL with ENOMEM. Exit 0 when both cases pass (run it without fastmalloc as the control). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>

@@ -1,7 +1,6 @@
-"""Threads under an address-space limit (RLIMIT_AS) set by the program itself, as a service
-capped at 1 GiB does: threads started after the limit, and after a limit set while another
-thread runs, must start and allocate. Run under LD_PRELOAD=libfastmalloc.so (and without, as
-the control); exit status 0 when every case passes, 1 with a message per failed case."""
+"""Threads under an address-space limit (RLIMIT_AS, 1 GiB) the program sets itself: threads
+started after it, or after it was set while another thread ran, must start and allocate.
+Exit status 0 when both pass; run under LD_PRELOAD=libfastmalloc.so (and without: the control)."""
 import resource
 import subprocess
 import sys

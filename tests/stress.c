@@ -1,9 +1,8 @@
-/* Stress harness: T threads run seeded random heap operations (every allocation function,
- * sizes across every block kind, blocks freed by other threads, trims, forks) and check a
- * pattern of each block's address and size over all of it, until --seconds have passed.
- * Usage: stress [--seconds N] [--threads T] [--seed S] [--fork-every K] [--max-mib M]
- * Built with -DSTRESS_FM_API it calls fastmalloc's fm_ names (a sanitizer build, where the
- * libc names are the sanitizer's); memalign and valloc then map to fm_aligned_alloc. */
+/* Stress harness: T threads of seeded random heap operations (every allocation function, all
+ * block kinds, frees by other threads, trims, forks), checking a pattern over every block.
+ * Usage: stress [--seconds N] [--threads T] [--seed S] [--fork-every K] [--max-mib M] */
+/* -DSTRESS_FM_API: calls the fm_ names, for the sanitizer builds, where the libc names are the
+ * sanitizer's; memalign and valloc then map to fm_aligned_alloc. */
 #ifdef STRESS_FM_API
 #include "fm_api_names.h"
 #endif

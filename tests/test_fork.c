@@ -1,8 +1,6 @@
-/* fork: from a single-threaded process, then while other threads allocate (from the main
- * thread, from a worker, from a signal handler); the child checks what it inherited, allocates,
- * frees and starts threads, the parent carries on. Also _Fork (no fork handlers) beside idle
- * threads, and vfork+exec and posix_spawn while threads allocate. Children report by exit
- * status only, never via cmocka. */
+/* fork from a single-threaded process and while threads allocate (from main, a worker, a
+ * signal handler), _Fork beside idle threads, vfork+exec and posix_spawn while threads allocate.
+ * Children check what they inherited and allocate; they report by exit status, never cmocka. */
 #include "fm_test.h"
 
 #include <pthread.h>

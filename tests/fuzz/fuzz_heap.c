@@ -1,8 +1,6 @@
-/* libFuzzer target: the input is a program of heap operations on fastmalloc's fm_ API (which
- * operation, sizes biased to the block kinds' boundaries, alignments, which live block), run
+/* libFuzzer target: the input is a program of heap operations on fastmalloc's fm_ API, run
  * against a table of live blocks whose patterns, usable sizes, alignment and zeroing are checked.
- * Built with clang -fsanitize=fuzzer,address against the library built with FM_SANITIZE=address
- * (FM_LIBC_NAMES off: the sanitizer's runtime keeps malloc, this reaches fastmalloc by fm_ only). */
+ * Built by run-fuzz.sh: clang, ASan, FM_SANITIZE=address (the sanitizer keeps malloc). */
 #include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Runs every saved fuzz input (the files in the folders given: regressions/ and the seed
-# corpus) through the fuzz target once each; non-zero when one of them fails.
-# Usage: tests/fuzz/replay.sh FUZZ_BINARY DIR...
+# Runs every saved fuzz input (the files in the folders given) through the fuzz target once
+# each; non-zero when one of them fails. Usage: tests/fuzz/replay.sh FUZZ_BINARY DIR...
 set -euo pipefail
 bin=$1
 shift

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes fastmalloc through its fm_ API for a bounded time: builds tests/fuzz/fuzz_heap.c with
-# clang (libFuzzer, AddressSanitizer, the library's assertions on and its code instrumented
-# for coverage) in its own build folder, replays the saved inputs, then fuzzes from the seed
-# corpus. Exits non-zero on a crash; the input is left under <build-dir>/fuzz-artifacts/.
-# Usage: tests/fuzz/run-fuzz.sh [seconds] [build-dir]   (defaults: 60, build-fuzz)
+# Fuzzes fastmalloc's fm_ API for a bounded time: builds tests/fuzz/fuzz_heap.c with clang in
+# its own ASan build, replays the saved inputs, fuzzes; non-zero on a crash (the input is left in
+# <build-dir>/fuzz-artifacts/). Usage: tests/fuzz/run-fuzz.sh [seconds] [build-dir] (60 build-fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
@@ -27,7 +25,11 @@ cmake --build "$build" -j2 --target fuzz_heap
 fuzzer=$build/tests/fuzz/fuzz_heap
 
 # What was found before must still pass.
-tests/fuzz/replay.sh "$fuzzer" tests/fuzz/regressions tests/fuzz/corpus 2>&1 | tail -n 3
+if ! tests/fuzz/replay.sh "$fuzzer" tests/fuzz/regressions tests/fuzz/corpus >"$build/replay.log" 2>&1; then
+  cat "$build/replay.log" >&2
+  echo "run-fuzz: a saved input fails (above)" >&2
+  exit 1
+fi
 
 # New inputs go to a corpus in the build folder; the seeds are only read.
 mkdir -p "$build/fuzz-corpus" "$build/fuzz-artifacts"
