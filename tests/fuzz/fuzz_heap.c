@@ -94,9 +94,9 @@ static size_t size_of(reader *r) {
   int near = (int)(byte(r) % 3) - 1;
   if (kind < 35) return class_size(b) + (size_t)(ptrdiff_t)near;
   if (kind < 50) return bytes(r, 2) % (8 * KIB + 1);
-  if (kind < 70) return 8 * KIB + (b % 15) * 4 * KIB + (size_t)(ptrdiff_t)near;   /* to 64 KiB */
-  if (kind < 85) return 64 * KIB + (b % 16) * 64 * KIB + (size_t)(ptrdiff_t)near;  /* to 1 MiB */
-  if (kind < 95) return MIB + bytes(r, 3) % (7 * MIB);
+  if (kind < 72) return 8 * KIB + (b % 15) * 4 * KIB + (size_t)(ptrdiff_t)near;   /* to 64 KiB */
+  if (kind < 90) return 64 * KIB + (b % 16) * 64 * KIB + (size_t)(ptrdiff_t)near;  /* to 1 MiB */
+  if (kind < 95) return MIB + bytes(r, 3) % (3 * MIB);
   static const size_t impossible[] = {ADDRESS_SPACE, ADDRESS_SPACE + 1, (size_t)PTRDIFF_MAX,
                                       (size_t)PTRDIFF_MAX + 1, SIZE_MAX - 4096, SIZE_MAX - 1,
                                       SIZE_MAX};
@@ -170,8 +170,10 @@ static void op_calloc(reader *r, slot_t *s) {
   unsigned char *p = fm_calloc(count, n);
   if (overflows || !possible(total)) return refused(p, total, ENOMEM);
   if (!p) fail("calloc failed", p, total);
-  for (size_t i = 0; i < total; i++)
-    if (p[i]) fail("calloc block not zeroed", p + i, total);
+  static const unsigned char zeros[4096];
+  for (size_t i = 0; i < total; i += sizeof zeros)
+    if (memcmp(p + i, zeros, total - i < sizeof zeros ? total - i : sizeof zeros))
+      fail("calloc block not zeroed", p + i, total);
   adopt(s, p, total, 0);
 }
 
