@@ -139,6 +139,14 @@ static inline size_t fmt_rss(void) {
 /* Asserts that this process's malloc is fastmalloc's: its blocks are owned, libc's own
  * allocations (strdup) are owned, and the symbol `malloc` resolves into libfastmalloc. */
 static inline void fmt_assert_uses_fastmalloc(void) {
+#ifdef FM_API_NAMES
+  /* Built to call the fm_ names (fm_api_names.h): libc's malloc is someone else's. */
+  void *q = malloc(24);
+  assert_non_null(q);
+  assert_true(fm_owns(q));
+  free(q);
+  return;
+#endif
   void *p = malloc(24);
   char *s = strdup("fastmalloc");
   assert_non_null(p);

@@ -1,9 +1,10 @@
-/* fork: from a single-threaded process, then while other threads allocate (from the main
- * thread and from a worker); the child checks what it inherited, allocates, frees and starts
- * threads, the parent carries on. Children report by exit status only, never via cmocka. */
+/* fork from a single-threaded process and while threads allocate (from main, a worker, a
+ * signal handler), _Fork beside idle threads, vfork+exec and posix_spawn while threads allocate.
+ * Children check what they inherited and allocate; they report by exit status, never cmocka. */
 #include "fm_test.h"
 
 #include <pthread.h>
+#include <spawn.h>
 #include <stdatomic.h>
 #include <sys/single_threaded.h>
 
@@ -221,11 +222,163 @@ static void test_fork_resets_cache_bound(void **state) {
   pthread_barrier_destroy(&forked);
 }
 
+/* ---- fork from a signal handler, while other threads allocate ----
+ * The handler interrupts the main thread outside the allocator (in raise), forks, and waits
+ * for the child, which allocates and frees. */
+
+static volatile sig_atomic_t handler_status;
+
+static void fork_in_handler(int sig) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);
+    _exit(churn(21, 3000) ? 0 : 3);
+  }
+  int status = -1;
+  while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR) continue;
+  handler_status = pid < 0 ? -1 : status;
+}
+
+static pthread_t busy[WORKERS];
+
+static void start_busy_workers(void) {
+  atomic_store(&stop, false);
+  for (uintptr_t i = 0; i < WORKERS; i++)
+    assert_int_equal(pthread_create(&busy[i], NULL, busy_worker, (void *)(i * 1000000 + 7)), 0);
+}
+
+static void stop_busy_workers(void) {
+  atomic_store(&stop, true);
+  for (int i = 0; i < WORKERS; i++) assert_int_equal(pthread_join(busy[i], NULL), 0);
+  assert_int_equal(atomic_load(&worker_errors), 0);
+}
+
+static void test_fork_from_signal_handler(void **state) {
+  struct sigaction sa = {.sa_handler = fork_in_handler}, old;
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+  start_busy_workers();
+  for (int i = 0; i < 12; i++) {
+    handler_status = -2;
+    assert_int_equal(raise(SIGUSR1), 0);
+    if (!(WIFEXITED(handler_status) && WEXITSTATUS(handler_status) == 0))
+      fail_msg("fork %d from the signal handler: wait status %d", i, (int)handler_status);
+    assert_true(churn(200 + i, 500));
+  }
+  stop_busy_workers();
+  sigaction(SIGUSR1, &old, NULL);
+}
+
+/* ---- _Fork: no fork handlers run. Beside threads that hold no lock (they wait on a
+ * barrier), the child allocates, frees and checks what it inherited. ---- */
+
+static pthread_barrier_t idle_start, idle_end;
+
+static void *idle_thread(void *arg) {
+  bool ok = churn((uintptr_t)arg, 3000);   /* its cache holds blocks while it waits */
+  pthread_barrier_wait(&idle_start);
+  pthread_barrier_wait(&idle_end);
+  return ok ? arg : NULL;
+}
+
+static void test_underscore_fork_beside_idle_threads(void **state) {
+  enum { IDLE = 3 };
+  pthread_t t[IDLE];
+  assert_int_equal(pthread_barrier_init(&idle_start, NULL, IDLE + 1), 0);
+  assert_int_equal(pthread_barrier_init(&idle_end, NULL, IDLE + 1), 0);
+  for (uintptr_t i = 0; i < IDLE; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, idle_thread, (void *)(i + 31)), 0);
+  pthread_barrier_wait(&idle_start);
+  fill_inherited();
+  for (int round = 0; round < 4; round++) {
+    fflush(NULL);
+    pid_t pid = _Fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      alarm(60);
+      if (round == 0 && !check_and_free_inherited()) _exit(2);
+      _exit(churn(40 + round, 5000) ? 0 : 3);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      fail_msg("_Fork child %d: wait status %d", round, status);
+  }
+  assert_true(check_and_free_inherited());
+  pthread_barrier_wait(&idle_end);
+  for (int i = 0; i < IDLE; i++) {
+    void *r;
+    assert_int_equal(pthread_join(t[i], &r), 0);
+    assert_non_null(r);
+  }
+  pthread_barrier_destroy(&idle_start);
+  pthread_barrier_destroy(&idle_end);
+}
+
+/* ---- vfork + exec and posix_spawn while threads allocate: the child shares or replaces
+ * the parent's memory at once, and the parent's heap carries on intact. ---- */
+
+static char *const exit_7[] = {"sh", "-c", "exit 7", NULL};
+
+static void test_vfork_exec_while_threads_allocate(void **state) {
+  start_busy_workers();
+  fill_inherited();
+  for (int i = 0; i < 40; i++) {
+    pid_t pid = vfork();
+    if (pid == 0) {
+      execv("/bin/sh", exit_7);
+      _exit(127);
+    }
+    assert_true(pid > 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 7))
+      fail_msg("vfork+exec %d: wait status %d", i, status);
+    assert_true(churn(300 + i, 300));
+  }
+  assert_true(check_and_free_inherited());
+  stop_busy_workers();
+}
+
+static void test_posix_spawn_while_threads_allocate(void **state) {
+  start_busy_workers();
+  fill_inherited();
+  for (int i = 0; i < 40; i++) {
+    /* File actions and attributes allocate in the parent. */
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attr;
+    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
+    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0), 0);
+    assert_int_equal(posix_spawnattr_init(&attr), 0);
+    sigset_t none;
+    sigemptyset(&none);
+    assert_int_equal(posix_spawnattr_setsigmask(&attr, &none), 0);
+    assert_int_equal(posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK), 0);
+    pid_t pid;
+    int rc = i % 2 ? posix_spawnp(&pid, "sh", &actions, &attr, exit_7, environ)
+                   : posix_spawn(&pid, "/bin/sh", &actions, &attr, exit_7, environ);
+    assert_int_equal(rc, 0);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 7))
+      fail_msg("posix_spawn %d: wait status %d", i, status);
+    assert_true(churn(400 + i, 300));
+  }
+  assert_true(check_and_free_inherited());
+  stop_busy_workers();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_single_threaded),
       cmocka_unit_test(test_fork_while_threads_allocate),
       cmocka_unit_test(test_fork_resets_cache_bound),
+      cmocka_unit_test(test_fork_from_signal_handler),
+      cmocka_unit_test(test_underscore_fork_beside_idle_threads),
+      cmocka_unit_test(test_vfork_exec_while_threads_allocate),
+      cmocka_unit_test(test_posix_spawn_while_threads_allocate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

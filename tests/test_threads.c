@@ -2,8 +2,7 @@
  * thread trims over and over), producer/consumer frees, errno under contended locks,
  * short-lived threads, thread exit with cached blocks, allocation from a pthread key
  * destructor that runs after fastmalloc's own, calloc after remote frees, large blocks
- * traded between threads, blocks of pages traded between threads, live blocks that look
- * freed. Worker threads never call cmocka:
+ * traded between threads, live blocks that look freed. Worker threads never call cmocka:
  * they count failures for the main thread. */
 #include "fm_test.h"
 
@@ -698,65 +697,6 @@ static void test_large_blocks_across_threads(void **state) {
     fail_msg("mapped %zu before the threads, %zu after them and malloc_trim(0)", before, after);
 }
 
-/* ---- blocks of whole pages passed between threads ----
- * A page block's length is read without the arena's lock when it is freed (to cache it
- * under that length), while other threads take and free its neighbours under the lock. A
- * torn read gave a length too long: the block was cached under it, and the next malloc
- * of that length wrote over a neighbour. Threads allocate blocks of random lengths and
- * free each other's; every block is checked in full, its usable size against the request
- * (read under the lock), and the Debug build's assertions check the spans at every
- * change. */
-enum { PAGE_THREADS = 4, PAGE_TRADES = 60000, PAGE_RING = 64, PAGE_KEPT = 16 };
-static _Atomic(void *) page_ring[PAGE_RING];
-
-/* Half of 3-4 pages: several blocks share a span, so neighbours change while one is
- * freed; half of any length, so a block cached under a wrong length is handed out. */
-static size_t page_size(uint64_t *rng) {
-  uint64_t r = fmt_rand(rng);
-  return 8193 + (r & 1 ? r % (8 * FMT_KIB) : r % (56 * FMT_KIB));
-}
-
-static void *page_block_new(uint64_t *rng) {
-  size_t n = page_size(rng);
-  void *p = malloc(n);
-  if (!p) {
-    record_failure("malloc of a page block", n);
-    return NULL;
-  }
-  if (malloc_usable_size(p) < n) record_failure("a page block shorter than asked", n);
-  block_write(p, n, fmt_rand(rng));
-  return p;
-}
-
-static void page_block_done(void *p) {
-  if (!p) return;
-  block_verify(p, SIZE_MAX);
-  block_free(p);
-}
-
-static void *page_trader(void *arg) {
-  uint64_t rng = fmt_seed_state((uintptr_t)arg + 77);
-  void *kept[PAGE_KEPT] = {0};
-  for (int i = 0; i < PAGE_TRADES; i++) {
-    /* One through the ring, freed by whichever thread takes its place; one of its own. */
-    unsigned s = (unsigned)(fmt_rand(&rng) % PAGE_RING), k = (unsigned)(fmt_rand(&rng) % PAGE_KEPT);
-    page_block_done(atomic_exchange(&page_ring[s], page_block_new(&rng)));
-    page_block_done(kept[k]);
-    kept[k] = page_block_new(&rng);
-  }
-  for (unsigned k = 0; k < PAGE_KEPT; k++) page_block_done(kept[k]);
-  return NULL;
-}
-
-static void test_page_blocks_across_threads(void **state) {
-  pthread_t t[PAGE_THREADS];
-  for (uintptr_t i = 0; i < PAGE_THREADS; i++)
-    assert_int_equal(pthread_create(&t[i], NULL, page_trader, (void *)i), 0);
-  for (int i = 0; i < PAGE_THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
-  for (int i = 0; i < PAGE_RING; i++) page_block_done(atomic_exchange(&page_ring[i], NULL));
-  assert_no_failures();
-}
-
 /* With 16 arenas (the test_threads_16_arenas run), 8 live threads each take an arena of
  * their own, so their first blocks lie in 8 different chunks (an arena's chunks are its
  * own). With the default (one arena per CPU) there may be fewer arenas than threads, and
@@ -812,7 +752,6 @@ int main(void) {
       cmocka_unit_test(test_key_destructor_after_cache),
       cmocka_unit_test(test_calloc_after_remote_free),
       cmocka_unit_test(test_large_blocks_across_threads),
-      cmocka_unit_test(test_page_blocks_across_threads),
       cmocka_unit_test(test_threads_take_own_arenas),
       cmocka_unit_test(test_marked_live_blocks_across_threads),
   };
