@@ -168,7 +168,8 @@ fm_span *arena_reuse_or_take_span(fm_arena *arena, unsigned cls, unsigned units)
  * that reaches its arena seldom still sees its memory go back on time. The same tick
  * visits the arenas that nobody frees into any more (a finished thread's), unless busy. */
 static void arena_tick(fm_arena *arena, uint64_t now) {
-  arena->next_purge_ns = now + options.purge_delay_ns;
+  /* (other arenas' ticks read it without the lock: a hint) */
+  __atomic_store_n(&arena->next_purge_ns, now + options.purge_delay_ns, __ATOMIC_RELAXED);
   /* (threads' idle sweeps read it without the lock) */
   __atomic_store_n(&arena->purge_epoch, arena->purge_epoch + 1, __ATOMIC_RELAXED);
   arena_purge(arena, FM_PURGE_STALE);
@@ -177,12 +178,13 @@ static void arena_tick(fm_arena *arena, uint64_t now) {
 /* True when a tick ran. */
 static bool arena_purge_tick(fm_arena *arena) {
   uint64_t now = os_now_ns();
-  if (now < arena->next_purge_ns) return false;
+  if (now < __atomic_load_n(&arena->next_purge_ns, __ATOMIC_RELAXED)) return false;
   arena_tick(arena, now);
   bool threaded = lock_threaded();
   for (unsigned i = 0; i < arena_count; i++) {
     fm_arena *idle = &arenas[i];
-    if (idle == arena || now < idle->next_purge_ns + options.purge_delay_ns) continue;
+    uint64_t idle_due = __atomic_load_n(&idle->next_purge_ns, __ATOMIC_RELAXED);
+    if (idle == arena || now < idle_due + options.purge_delay_ns) continue;
     if (!lock_try(&idle->lock, threaded)) continue;
     arena_tick(idle, now);
     lock_release(&idle->lock, threaded);

@@ -69,6 +69,8 @@ bool init_release_for_retry(void) { return release_held(false) > 0; }
  * (a thread holding one of those may be allocating). A single-threaded parent holds no lock
  * mid-operation, so nothing needs taking. */
 static bool fork_locked;
+/* One fork window at a time: glibc runs two threads' fork handlers at once. */
+static lock_t fork_lock = LOCK_INIT;
 /* In the forking thread: forks nested in the window (a library's prepare handler that
  * forks) count here, and only the outermost's handlers open and close the window. */
 static __thread unsigned char fork_depth __attribute__((tls_model("initial-exec")));
@@ -80,8 +82,9 @@ static void fork_prepare(void) {
     fork_depth++;
     return;
   }
-  fork_locked = lock_threaded();
-  if (!fork_locked) return;
+  if (!lock_threaded()) return;
+  lock_take(&fork_lock, true);
+  fork_locked = true;
   fork_depth = 1;
   lock_fork_window(os_getpid(), fork_child_repair);
   lock_for_fork(&init_lock);
@@ -108,6 +111,7 @@ static void fork_parent(void) {
   thread_unlock_after_fork();
   lock_after_fork_parent(&init_lock);
   lock_fork_window(0, NULL);
+  lock_release(&fork_lock, true);
 }
 
 /* Frees every lock in the child; what a borrower left half updated starts again empty.
@@ -117,6 +121,7 @@ static void fork_parent(void) {
 static void fork_child_repair(void) {
   if (!fork_locked) return;
   fork_locked = false;
+  lock_init(&fork_lock);
   lock_fork_window(0, NULL);
   if (lock_after_fork_child(&init_lock) && !atomic_load(&init_done)) init_tried = false;
   tcache_after_fork_child();
