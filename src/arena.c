@@ -279,25 +279,48 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
    * them, and when out of address space. Trim leaves them: trimming programs would map
    * them again at their next allocation. */
   if (shrank || how == FM_UNMAP_EMPTY) released += arena_unmap_reserve(arena);
+  arena->counters.bytes_purged += released;
   return released;
 }
 
-static size_t chunks_used_bytes(const fm_chunk *list) {
-  size_t used = 0;
-  for (const fm_chunk *chunk = list; chunk; chunk = chunk->next) used += chunk_used_bytes(chunk);
-  return used;
+static void census_of_chunks(const fm_chunk *list, arena_census *census) {
+  for (const fm_chunk *chunk = list; chunk; chunk = chunk->next) {
+    census->mapped += FM_CHUNK_SIZE;
+    for (unsigned unit = 1; unit < FM_UNITS_PER_CHUNK;) {
+      if (chunk->free_units >> unit & 1) {
+        unit++;
+        continue;
+      }
+      const fm_span *span = &chunk->spans[unit];
+      fm_assert(chunk->head_of[unit] == unit && span->units > 0);
+      if (span->cls <= FM_NUM_SPAN_CLASSES) {
+        census->classes[span->cls].spans++;
+        census->classes[span->cls].out += span->used;
+        census->classes[span->cls].free += span->capacity - span->used;
+        census->used += (size_t)span->used * size_class_size[span->cls];
+      } else if (span->cls == FM_CLASS_PAGES) {
+        census->page_spans++;
+        census->pages_out += span->used;
+        census->pages_free += FM_PAGES_PER_UNIT - span->used;
+        census->used += (size_t)span->used * FM_PAGE_SIZE;
+      } else if (span->used) {   /* a span block: the whole span */
+        census->span_blocks++;
+        census->used += span_bytes(span);
+      }
+      unit += span->units;
+    }
+  }
 }
 
-size_t arena_used_bytes(void) {
+void arena_take_census(fm_arena *arena, arena_census *census) {
   bool threaded = lock_threaded();
-  size_t used = 0;
-  for (unsigned i = 0; i < arena_count; i++) {
-    fm_arena *arena = &arenas[i];
-    lock_take(&arena->lock, threaded);
-    used += chunks_used_bytes(arena->chunks) + chunks_used_bytes(arena->full_chunks);
-    lock_release(&arena->lock, threaded);
-  }
-  return used;
+  *census = (arena_census){0};
+  lock_take(&arena->lock, threaded);
+  census_of_chunks(arena->chunks, census);
+  census_of_chunks(arena->full_chunks, census);
+  census->mapped += (size_t)(arena->reserve_end - arena->reserve);
+  census->counters = arena->counters;
+  lock_release(&arena->lock, threaded);
 }
 
 void arena_lock_all_for_fork(void) {

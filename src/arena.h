@@ -12,6 +12,16 @@
 #include "chunk.h"
 #include "lock.h"
 
+/* What an arena's slow paths did, counted under its lock (statistics: stats.c). */
+typedef struct arena_counters {
+  uint64_t refills, blocks_refilled;       /* arena_alloc_batch */
+  uint64_t flushes, blocks_flushed;        /* arena_free_blocks' passes */
+  uint64_t blocks_from_other_arenas;       /* of those, freed by a thread of another arena */
+  uint64_t page_blocks_taken, page_blocks_given;
+  uint64_t span_blocks_taken;
+  uint64_t bytes_purged;                   /* purged or unmapped by arena_purge */
+} arena_counters;
+
 typedef struct fm_arena {
   lock_t lock;
   fm_span *partial[FM_NUM_SPAN_CLASSES + 1];   /* spans with a free block, per class */
@@ -32,6 +42,7 @@ typedef struct fm_arena {
   uint32_t generation;     /* of the chunks it uses: others were abandoned (a fork child) */
   uint64_t next_purge_ns;  /* when the next purge tick is due */
   uint64_t purge_epoch;    /* purge ticks so far */
+  arena_counters counters;
 } __attribute__((aligned(64))) fm_arena;
 
 extern fm_hidden fm_arena arenas[FM_ARENAS_MAX];
@@ -57,8 +68,9 @@ void arena_init_all(void (*on_tick)(void));
 #define FM_BLOCK_RECYCLED 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
- * acquisition per owning arena, however they are mixed. Reorders blocks[]. */
-void arena_free_blocks(void **blocks, size_t n);
+ * acquisition per owning arena, however they are mixed. Reorders blocks[]. home: the
+ * freeing thread's arena (NULL: none), for the counters. */
+void arena_free_blocks(void **blocks, size_t n, const fm_arena *home);
 /* Bytes usable in the small block that starts at p, of class cls; 0 when p starts no block
  * of that class (an interior pointer, say). Takes no lock: it reads what does not change
  * while the block is allocated. */
@@ -103,9 +115,22 @@ typedef enum { FM_PURGE_STALE, FM_PURGE_ALL, FM_UNMAP_EMPTY } fm_purge;
 /* Returns bytes given back (purged or unmapped). The caller holds the arena's lock. */
 size_t arena_purge(fm_arena *arena, fm_purge how);
 
-/* Bytes in the blocks of every arena's spans that are out: with their users or in thread
- * caches (for mallinfo). Takes each arena's lock in turn. */
-size_t arena_used_bytes(void);
+/* What an arena holds, for statistics: the chunks' bytes, the blocks out (with their
+ * users or in thread caches) and free per size class, page spans, span blocks, and its
+ * counters. Takes the arena's lock. */
+typedef struct arena_census {
+  size_t mapped;   /* chunks, and those mapped ahead */
+  size_t used;     /* bytes in blocks out */
+  struct {
+    uint32_t spans;
+    uint64_t out, free;   /* blocks */
+  } classes[FM_NUM_SPAN_CLASSES + 1];
+  uint32_t page_spans;
+  uint64_t pages_out, pages_free;
+  uint32_t span_blocks;   /* out */
+  arena_counters counters;
+} arena_census;
+void arena_take_census(fm_arena *arena, arena_census *census);
 
 /* The fork window (lock.h): every arena's lock taken for the fork, then given back in
  * the parent; in the child, an arena whose lock a borrower held at the fork starts again

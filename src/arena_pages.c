@@ -109,6 +109,7 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
     span->used += pages;
     page_span_relist(arena, span);
     p = span->start + (size_t)first * FM_PAGE_SIZE;
+    arena->counters.page_blocks_taken++;
   }
   lock_release(&arena->lock, threaded);
   return p;
@@ -131,6 +132,7 @@ void arena_free_pages(void *p) {
   page_layout_set(span, span->free_pages | page_bits(first, pages),
                   span->run_starts & ~(1u << first));
   span->used -= pages;
+  arena->counters.page_blocks_given++;
   page_span_relist(arena, span);
   /* A purge tick reads the clock: every 16th of these frees looks whether one is due. */
   if (++arena->page_frees % 16) lock_release(&arena->lock, threaded);

@@ -38,6 +38,7 @@ static void tag_recycled(void **blocks, uint32_t n, char *issued) {
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed) {
   bool threaded = lock_threaded();
   lock_take(&arena->lock, threaded);
+  arena->counters.refills++;
   size_t size = size_class_stride[cls];   /* distance between blocks */
   unsigned got = 0;
   if (zeroed) *zeroed = false;
@@ -78,6 +79,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     if (last >= span->issued) span->issued = (uint16_t)(last + 1);
     got += taken;
     span->used += taken;
+    arena->counters.blocks_refilled += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
   }
   lock_release(&arena->lock, threaded);
@@ -145,7 +147,7 @@ static fm_span *cached_block_span(void *p) {
  * cache gives back runs of neighbours) costs a range check, its index and its bit; only a
  * block elsewhere looks its span up. A pointer into a span's unused tail is looked up
  * again, and reported. */
-void arena_free_blocks(void **blocks, size_t n) {
+void arena_free_blocks(void **blocks, size_t n, const fm_arena *home) {
   bool threaded = lock_threaded();
   while (n) {
     fm_arena *arena = cached_block_span(blocks[0])->arena;
@@ -197,6 +199,9 @@ void arena_free_blocks(void **blocks, size_t n) {
     }
     word_store(bits, word_index, word);
     span_flush_done(arena, span);
+    arena->counters.flushes++;
+    arena->counters.blocks_flushed += n - pending;
+    if (arena != home) arena->counters.blocks_from_other_arenas += n - pending;
     arena_unlock_after_free(arena, threaded);
     n = pending;
   }

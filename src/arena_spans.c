@@ -13,6 +13,7 @@ void *arena_alloc_span_block(fm_arena *arena, size_t size, bool *zeroed) {
     *zeroed = span->zeroed_from == 0;   /* (never so for a kept span: it held a block) */
     span->zeroed_from = 1;
     span->used = 1;
+    arena->counters.span_blocks_taken++;
   }
   lock_release(&arena->lock, threaded);
   return span ? span->start : NULL;

@@ -143,23 +143,6 @@ bool chunk_resize_span_block(fm_span *span, unsigned units) {
   return true;
 }
 
-size_t chunk_used_bytes(const fm_chunk *chunk) {
-  size_t used = 0;
-  for (unsigned unit = 1; unit < FM_UNITS_PER_CHUNK;) {
-    if (chunk->free_units >> unit & 1) {
-      unit++;
-      continue;
-    }
-    const fm_span *span = &chunk->spans[unit];
-    fm_assert(chunk->head_of[unit] == unit && span->units > 0);
-    if (span->cls <= FM_NUM_SPAN_CLASSES) used += (size_t)span->used * size_class_size[span->cls];
-    else if (span->cls == FM_CLASS_PAGES) used += (size_t)span->used * FM_PAGE_SIZE;
-    else if (span->used) used += span_bytes(span);   /* a large block: the whole span */
-    unit += span->units;
-  }
-  return used;
-}
-
 size_t chunk_purge(fm_chunk *chunk, bool force) {
   size_t purged = 0;
   uint64_t dirty = chunk->dirty_units & chunk->free_units & (force ? ~(uint64_t)0 : chunk->stale_units);

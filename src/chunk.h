@@ -151,9 +151,6 @@ void chunk_give_back_span(fm_span *span, bool purged);
  * that follow it (false when one of them is not free, or the chunk ends first), or gives
  * back its last ones, dirty. Its unit-map entries follow. */
 bool chunk_resize_span_block(fm_span *span, unsigned units);
-/* Bytes in the chunk's blocks that are out (with their users or in thread caches): a
- * span's by its count of blocks out, a large block's span whole. */
-size_t chunk_used_bytes(const fm_chunk *chunk);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
  * and starts the next generation (a tick's: sparse_ticks too, unless force); returns
  * bytes purged. */

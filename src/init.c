@@ -34,8 +34,10 @@ bool init_process(void) {
   bool ok = atomic_load_explicit(&init_done, memory_order_relaxed);
   lock_release(&init_lock, true);
   /* Last, outside the lock: glibc may malloc while registering, which now just works. */
-  if (ok && !atomic_exchange(&atfork_registered, 1))
+  if (ok && !atomic_exchange(&atfork_registered, 1)) {
     pthread_atfork(fork_prepare, fork_parent, fork_child);
+    if (options.verbose) options_print(arena_count);
+  }
   return ok;
 }
 

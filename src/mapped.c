@@ -250,18 +250,33 @@ static bool mapping_cache_put(unsigned own, char *base, size_t map_size) {
   return kept;
 }
 
-/* The live blocks and their mappings' bytes, for mallinfo (modular counts: through
- * fm_count_add, a decrease is the addition of its two's complement). */
-static size_t live_blocks, live_bytes;
+/* The live blocks and their mappings' bytes (modular counts through lock_add: a decrease
+ * is the addition of its two's complement), their highest, and how many blocks took a new
+ * mapping or a cached one. */
+static mapped_statistics figures;
 
-static void live_count(size_t blocks, size_t bytes) {
-  lock_add(&live_blocks, blocks);
-  lock_add(&live_bytes, bytes);
+/* Raises *highest to value, unless it is higher already. */
+static void raise_to(size_t *highest, size_t value) {
+  size_t seen = __atomic_load_n(highest, __ATOMIC_RELAXED);
+  while (seen < value && !__atomic_compare_exchange_n(highest, &seen, value, true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
 }
 
-void mapped_live(size_t *blocks, size_t *bytes) {
-  *blocks = __atomic_load_n(&live_blocks, __ATOMIC_RELAXED);
-  *bytes = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
+static void live_count(size_t blocks, size_t bytes) {
+  lock_add(&figures.live_blocks, blocks);
+  lock_add(&figures.live_bytes, bytes);
+  raise_to(&figures.max_blocks, __atomic_load_n(&figures.live_blocks, __ATOMIC_RELAXED));
+  raise_to(&figures.max_bytes, __atomic_load_n(&figures.live_bytes, __ATOMIC_RELAXED));
+}
+
+void mapped_figures(mapped_statistics *out) {
+  out->live_blocks = __atomic_load_n(&figures.live_blocks, __ATOMIC_RELAXED);
+  out->live_bytes = __atomic_load_n(&figures.live_bytes, __ATOMIC_RELAXED);
+  out->max_blocks = __atomic_load_n(&figures.max_blocks, __ATOMIC_RELAXED);
+  out->max_bytes = __atomic_load_n(&figures.max_bytes, __ATOMIC_RELAXED);
+  out->new_mappings = __atomic_load_n(&figures.new_mappings, __ATOMIC_RELAXED);
+  out->cached_mappings = __atomic_load_n(&figures.cached_mappings, __ATOMIC_RELAXED);
 }
 
 static void *place_block(char *base, size_t map_size, size_t offset) {
@@ -289,6 +304,7 @@ void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool *zeroe
       return NULL;
     }
   }
+  lock_add(*zeroed ? &figures.new_mappings : &figures.cached_mappings, 1);
   live_count(1, got.map_size);
   return place_block(got.base, got.map_size, offset);
 }

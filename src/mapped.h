@@ -17,8 +17,13 @@ void mapped_free(void *p, const fm_arena *arena);
 size_t mapped_usable_size(const void *p, diag_report op);
 /* Resizes in place or moves with mremap; NULL (p untouched) when that cannot be done. */
 void *mapped_realloc(void *p, size_t size);
-/* The live mapped blocks: how many, and their mappings' bytes. */
-void mapped_live(size_t *blocks, size_t *bytes);
+/* The mapped blocks, for statistics. */
+typedef struct mapped_statistics {
+  size_t live_blocks, live_bytes;   /* their mappings' bytes */
+  size_t max_blocks, max_bytes;     /* the most at once since start */
+  size_t new_mappings, cached_mappings;   /* blocks that took a new mapping, a cached one */
+} mapped_statistics;
+void mapped_figures(mapped_statistics *out);
 /* Unmaps the cached mappings freed longer ago than the purge delay, skipping a cache whose
  * lock is busy; all: every cached mapping, waiting for each lock (malloc_trim, out of
  * memory). Returns the bytes unmapped. */

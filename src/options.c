@@ -1,11 +1,16 @@
-/* Parsing of the FASTMALLOC_* environment variables listed in options.h. */
+/* Parsing of the FASTMALLOC_* settings listed in options.h. */
 #include "options.h"
 
+#include "diag.h"
+#include "fastmalloc.h"
 #include "os.h"
 
+#define PURGE_DELAY_DEFAULT_MS 100
+#define TCACHE_MAX_DEFAULT ((size_t)4 << 20)
+
 options_t options = {
-    .purge_delay_ns = 100ull * 1000 * 1000,
-    .tcache_max_bytes = (size_t)4 << 20,
+    .purge_delay_ns = PURGE_DELAY_DEFAULT_MS * 1000000ull,
+    .tcache_max_bytes = TCACHE_MAX_DEFAULT,
 };
 
 /* Longer delays mean "never" and count as this (about 35 years): the clock arithmetic on
@@ -13,9 +18,8 @@ options_t options = {
 #define PURGE_DELAY_MAX_MS ((uint64_t)1 << 40)
 
 /* "123", "64K", "2M", "1G": returns false on anything else (a bare suffix included).
- * Values beyond 64 bits saturate: each knob caps its own value anyway. */
+ * Values beyond 64 bits saturate: each setting caps its own value anyway. */
 static bool parse_size(const char *text, uint64_t *out) {
-  if (!text) return false;
   const char *digits = text;
   uint64_t value = 0;
   for (; *text >= '0' && *text <= '9'; text++)
@@ -34,11 +38,68 @@ static bool parse_size(const char *text, uint64_t *out) {
   return true;
 }
 
+/* "fastmalloc: NAME=VALUE ignored (expected WHAT); the default, KEPT, stays in force". */
+static void warn(const char *name, const char *value, const char *expected, const char *kept) {
+  char line[256];
+  diag_text t = diag_text_in(line, sizeof line);
+  diag_append(&t, "fastmalloc: ");
+  diag_append(&t, name);
+  diag_append(&t, "=");
+  diag_append(&t, value);
+  diag_append(&t, " ignored (expected ");
+  diag_append(&t, expected);
+  diag_append(&t, "); the default, ");
+  diag_append(&t, kept);
+  diag_append(&t, ", stays in force\n");
+  diag_finish(&t);
+  diag_print(line);
+}
+
+/* A setting's value: *value set and true when present and well formed (at least `least`). */
+static bool read_size(const char *name, uint64_t least, const char *expected, const char *kept,
+                      uint64_t *value) {
+  const char *text = os_getenv(name);
+  if (!text) return false;
+  if (parse_size(text, value) && *value >= least) return true;
+  warn(name, text, expected, kept);
+  return false;
+}
+
+static bool read_switch(const char *name, bool *on) {
+  const char *text = os_getenv(name);
+  if (!text) return false;
+  if ((text[0] == '0' || text[0] == '1') && !text[1]) {
+    *on = text[0] == '1';
+    return true;
+  }
+  warn(name, text, "0 or 1", "0");
+  return false;
+}
+
 void options_init(void) {
   uint64_t value;
-  if (parse_size(os_getenv("FASTMALLOC_PURGE_DELAY_MS"), &value))
+  if (read_size("FASTMALLOC_PURGE_DELAY_MS", 0, "milliseconds", "100", &value))
     options.purge_delay_ns = (value < PURGE_DELAY_MAX_MS ? value : PURGE_DELAY_MAX_MS) * 1000000;
-  if (parse_size(os_getenv("FASTMALLOC_TCACHE_MAX"), &value)) options.tcache_max_bytes = value;
-  if (parse_size(os_getenv("FASTMALLOC_ARENAS"), &value) && value >= 1)
-    options.arenas = value < UINT32_MAX ? (unsigned)value : UINT32_MAX;   /* arenas cap it */
+  if (read_size("FASTMALLOC_TCACHE_MAX", 0, "bytes, with K, M or G", "4M", &value))
+    options.tcache_max_bytes = value;
+  if (read_size("FASTMALLOC_ARENAS", 1, "a count from 1", "one per CPU", &value))
+    options.arenas = value < FM_ARENAS_MAX ? (unsigned)value : FM_ARENAS_MAX;
+  read_switch("FASTMALLOC_STATS", &options.stats);
+  read_switch("FASTMALLOC_VERBOSE", &options.verbose);
+}
+
+void options_print(unsigned arena_count) {
+  char line[320];
+  diag_text t = diag_text_in(line, sizeof line);
+  diag_append(&t, "fastmalloc " FASTMALLOC_VERSION_STRING ": purge delay ");
+  diag_append_u64(&t, options.purge_delay_ns / 1000000, 10);
+  diag_append(&t, " ms, thread cache ");
+  diag_append_u64(&t, options.tcache_max_bytes, 10);
+  diag_append(&t, " bytes, arenas ");
+  diag_append_u64(&t, arena_count, 10);
+  diag_append(&t, FM_FREE_MARK ? ", double-free check on" : ", double-free check off");
+  diag_append(&t, FM_SINGLE_THREAD_FLAG ? ", single-threaded switch on" : ", single-threaded switch off");
+  diag_append(&t, options.stats ? ", statistics at exit\n" : "\n");
+  diag_finish(&t);
+  diag_print(line);
 }

@@ -1,11 +1,15 @@
-/* Run-time options, read once from the environment at start-up without allocating.
- *   FASTMALLOC_PURGE_DELAY_MS  empty spans and cached large blocks older than this go back
- *                              to the OS (default 100; 0 purges at the next slow path)
- *   FASTMALLOC_TCACHE_MAX      byte budget of one thread's cache (default 4M; K/M suffix);
- *                              all threads' caches together grow past their small start
- *                              by at most 8 times this
+/* Run-time settings, read once from the environment at set-up, without allocating:
+ *   FASTMALLOC_PURGE_DELAY_MS  empty spans and cached mappings older than this go back to
+ *                              the OS (default 100; 0: at the next slow path)
+ *   FASTMALLOC_TCACHE_MAX      byte budget of one thread's cache (default 4M; K, M, G);
+ *                              all threads' caches together grow past their small start by
+ *                              at most FM_GROWN_BUDGETS times this
  *   FASTMALLOC_ARENAS          number of arenas (default: the CPUs the process may run on;
- *                              at most 64): fewer to cap the footprint of many threads */
+ *                              at most FM_ARENAS_MAX): fewer to cap the footprint of many
+ *                              threads
+ *   FASTMALLOC_STATS           1: statistics to stderr at exit (stats.c)
+ *   FASTMALLOC_VERBOSE         1: the settings in force to stderr at set-up
+ * A malformed value gets one warning line naming it and the default kept. */
 #ifndef FM_OPTIONS_H
 #define FM_OPTIONS_H
 
@@ -15,10 +19,14 @@ typedef struct options {
   uint64_t purge_delay_ns;
   size_t tcache_max_bytes;
   unsigned arenas;   /* 0: one per CPU */
+  bool stats;
+  bool verbose;
 } options_t;
 
 extern fm_hidden options_t options;
 
 void options_init(void);
+/* Prints the settings in force (FASTMALLOC_VERBOSE), the number of arenas included. */
+void options_print(unsigned arena_count);
 
 #endif

@@ -21,7 +21,16 @@ extern char **environ;
 static size_t os_mapped;   /* bytes mapped read-write (modular: shrinking adds its two's
                               complement) */
 
-static void mapped_add(size_t delta) { __atomic_fetch_add(&os_mapped, delta, __ATOMIC_RELAXED); }
+static size_t os_mapped_peak;   /* the most os_mapped has been */
+
+static void mapped_add(size_t delta) {
+  size_t now = __atomic_add_fetch(&os_mapped, delta, __ATOMIC_RELAXED);
+  size_t peak = __atomic_load_n(&os_mapped_peak, __ATOMIC_RELAXED);
+  while (now > peak && now < (size_t)1 << 62 &&   /* (a shrink is a wrapped add) */
+         !__atomic_compare_exchange_n(&os_mapped_peak, &peak, now, true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+  }
+}
 
 static void os_unmap_uncounted(void *addr, size_t size) {
   int saved = errno;
@@ -118,6 +127,8 @@ bool os_move(void *addr, size_t old_size, void *dest, size_t new_size) {
 }
 
 size_t os_mapped_bytes(void) { return __atomic_load_n(&os_mapped, __ATOMIC_RELAXED); }
+
+size_t os_mapped_peak_bytes(void) { return __atomic_load_n(&os_mapped_peak, __ATOMIC_RELAXED); }
 
 unsigned os_cpu_count(void) {
   /* The raw system call: glibc's wrapper may allocate for large CPU sets. The kernel wants

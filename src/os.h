@@ -22,6 +22,7 @@ void *os_remap_move(void *addr, size_t old_size, size_t new_size, void *dest);
  * old_size long); false only when the kernel refuses even a move without growth. */
 bool os_move(void *addr, size_t old_size, void *dest, size_t new_size);
 size_t os_mapped_bytes(void);
+size_t os_mapped_peak_bytes(void);              /* the most os_mapped_bytes has been */
 
 unsigned os_cpu_count(void);
 uint64_t os_random64(void);

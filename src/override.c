@@ -12,6 +12,8 @@
 
 /* Aliases share the code, not glibc's declaration attributes, which is all we want. */
 #pragma GCC diagnostic ignored "-Wmissing-attributes"
+/* free_sized and free_aligned_sized are free: their extra arguments are not read. */
+#pragma GCC diagnostic ignored "-Wattribute-alias"
 #define FM_ALIAS(name) __attribute__((alias(#name), used, visibility("default")))
 
 /* The two fast paths each start a cache line, so their placement does not shift with the
@@ -68,6 +70,10 @@ void *__libc_malloc(size_t) FM_ALIAS(fm_malloc);
 void *__malloc(size_t) FM_ALIAS(fm_malloc);
 void free(void *) FM_ALIAS(fm_free);
 void cfree(void *) FM_ALIAS(fm_free);
+/* C23: the size could stand in for free's class lookup only if it were trusted, and a wrong
+ * one would then corrupt the heap; the lookup costs two loads. */
+void free_sized(void *, size_t) FM_ALIAS(fm_free);
+void free_aligned_sized(void *, size_t, size_t) FM_ALIAS(fm_free);
 void __libc_free(void *) FM_ALIAS(fm_free);
 void __free(void *) FM_ALIAS(fm_free);
 void *calloc(size_t, size_t) FM_ALIAS(fm_calloc);

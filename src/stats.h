@@ -13,6 +13,6 @@
  * mappings; fordblks: the rest of what is mapped. */
 struct mallinfo2 stats_mallinfo2(void);
 void stats_print(void);                          /* malloc_stats */
-int stats_print_xml(int options, FILE *stream);  /* malloc_info */
+int stats_print_xml(int options_given, FILE *stream);  /* malloc_info */
 
 #endif

@@ -148,7 +148,7 @@ static void flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
   void **low = tc->low[cls];
   int32_t keep = bin_count(tc, cls) - n;
   bin_blocks_leave(low, (size_t)n, cls);
-  arena_free_blocks(low, (size_t)n);
+  arena_free_blocks(low, (size_t)n, tc->arena);
   bin_blocks_move(low + n, low, (size_t)keep, cls);
   tc->top[cls] = low + keep;
 }
@@ -353,7 +353,7 @@ static void flush_free_only(fm_tcache *tc, unsigned cls) {
   size_t n = bin_move_all(tc, cls, batch, 0);
   for (unsigned c = 1; c <= FM_NUM_SPAN_CLASSES; c++)
     if (c != cls && bin_is_free_only(tc, c)) n = bin_move_all(tc, c, batch, n);
-  if (n) arena_free_blocks(batch, n);
+  if (n) arena_free_blocks(batch, n, tc->arena);
 }
 
 /* Free found the bin full. A bin this thread also allocates from grows, else gives its
@@ -389,7 +389,7 @@ static void flush_all(fm_tcache *tc) {
     end += count;
     tc->top[cls] = tc->low[cls];
   }
-  if (end > start) arena_free_blocks(start, (size_t)(end - start));
+  if (end > start) arena_free_blocks(start, (size_t)(end - start), tc->arena);
   bins_set_sentinels(tc);
 }
 
@@ -419,6 +419,21 @@ static void thread_exit(void *cache) {
   slots_purge(tc, tc->bins->slots + start_slots);
   thread_leave(tc->bins, tc->arena);
   reset(tc, FM_TCACHE_DEAD);
+}
+
+void tcache_holdings(size_t *bytes, size_t *blocks) {
+  fm_tcache *tc = &tcache_tls;
+  *bytes = *blocks = 0;
+  if (tc->state != FM_TCACHE_LIVE) return;
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+    *blocks += (size_t)bin_count(tc, cls);
+    *bytes += (size_t)bin_count(tc, cls) * size_class_size[cls];
+  }
+  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
+    if (tc->bins->page_blocks[pages]) {
+      ++*blocks;
+      *bytes += FM_PAGE_SIZE * page_block_pages(tc->bins->page_blocks[pages]);
+    }
 }
 
 void tcache_after_fork_child(void) {
@@ -543,7 +558,7 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
   if (tcache_block_state(p, cls) == BLOCK_FREE) diag_fatal(DIAG_DOUBLE_FREE, p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
     mark_set(p, (const void *)FM_FREED_MARK);
-    arena_free_blocks(&p, 1);
+    arena_free_blocks(&p, 1, NULL);
     return;
   }
   idle_sweep(tc);

@@ -126,6 +126,8 @@ fm_arena *tcache_arena_for_large(void);
 /* Gives the calling thread's cached blocks back to their spans (malloc_trim, out of
  * memory); purge: its bins' array's pages too. */
 void tcache_flush_mine(bool purge);
+/* The bytes and blocks in the calling thread's bins and cached page blocks. */
+void tcache_holdings(size_t *bytes, size_t *blocks);
 /* The fork child: the calling thread's cache is the only one left. */
 void tcache_after_fork_child(void);
 

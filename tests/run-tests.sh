@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (Debian packages, when root and missing),
-# then builds and runs the ctest suite in Release (<build-dir>), without the double-free mark
-# (-no-mark), in Debug (-debug), under UBSan (-ubsan) and under ASan (-asan, run-sanitizers.sh).
+# then builds and runs the ctest suite in Release (<build-dir>), without the double-free check
+# (-no-mark), in Debug (-debug), under UBSan (-ubsan), ASan (-address) and TSan (-thread,
+# run-sanitizers.sh), and fuzzes for a minute (-fuzz, tests/fuzz/run-fuzz.sh).
 # Every build runs even when one fails; the exit status says whether all passed.
 # Usage: tests/run-tests.sh [build-dir]   (default: build)
 set -euo pipefail
@@ -59,7 +60,8 @@ cmake -S . -B "$build-ubsan" -DCMAKE_BUILD_TYPE=Debug -DFASTMALLOC_BUILD_TESTS=O
 cmake --build "$build-ubsan" -j"$(nproc)"
 ctest --test-dir "$build-ubsan" --output-on-failure --no-tests=error -j2 || status=1
 
-# AddressSanitizer over the allocator's own code, through the fm_ names (ThreadSanitizer still
-# reports the lock-free reads to be judged: tests/run-sanitizers.sh thread, by hand).
-FM_SANITIZE_PREFIX=$build tests/run-sanitizers.sh address || status=1
+# AddressSanitizer and ThreadSanitizer over the allocator's own code, through the fm_ names,
+# then a minute of fuzzing the fm_ API (tests/fuzz) in its own ASan build.
+FM_SANITIZE_PREFIX=$build tests/run-sanitizers.sh address thread || status=1
+tests/fuzz/run-fuzz.sh 60 "$build-fuzz" || status=1
 exit "$status"
