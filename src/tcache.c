@@ -523,6 +523,7 @@ fm_block_state tcache_block_state(void *p, unsigned cls) {
   if (!FM_FREE_MARK) return BLOCK_LIVE;
   void **mark = ((void **const *)p)[1];
   if ((uintptr_t)mark == FM_FREED_MARK) return arena_small_is_free(p) ? BLOCK_FREE : BLOCK_LIVE;
+  if ((uintptr_t)mark & (sizeof(void *) - 1)) return BLOCK_LIVE;   /* no slot's address */
   fm_tcache *tc = &tcache_tls;
   if (tc->state == FM_TCACHE_LIVE && mark >= tc->bins->slots && mark < tc->layout_end)
     return mark >= tc->low[cls] && mark < tc->top[cls] && *mark == p ? BLOCK_FREE : BLOCK_LIVE;
