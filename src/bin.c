@@ -1,22 +1,25 @@
 /* The slow-path checks of bin.h's double-free protocol. */
 #include "bin.h"
 
+#include <string.h>
+
 #include "arena.h"
 
 const uintptr_t bin_sentinel[2];
 
 /* A block whose mark does not name its slot: freed twice, or written into while free. */
-static fm_noinline void mark_mismatch(void *p) { diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p); }
+void bin_mark_mismatch(void *p) { diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p); }
 
 /* Block p of bin cls in `slot`: it lies in a span of the bin's class (the cache took it
  * on the unit map's word, and a bad pointer's span may be gone by now: reported before
  * anything is read), and its mark names the slot. */
 static void block_check(void *p, void **slot, unsigned cls) {
   if (fm_unlikely(unit_map_class(p) != cls)) diag_fatal(DIAG_INVALID_FREE, p);
-  if (fm_unlikely(!mark_matches(p, slot))) mark_mismatch(p);
+  if (fm_unlikely(!mark_matches(p, slot))) bin_mark_mismatch(p);
 }
 
 void bin_blocks_leave(void **from, size_t n, unsigned cls) {
+  if (!FM_FREE_MARK) return;   /* (arena_free_blocks checks the pointers themselves) */
   for (size_t i = 0; i < n; i++) {
     block_check(from[i], &from[i], cls);
     mark_set(from[i], (const void *)FM_FREED_MARK);
@@ -24,6 +27,10 @@ void bin_blocks_leave(void **from, size_t n, unsigned cls) {
 }
 
 void bin_blocks_move(void **from, void **to, size_t n, unsigned cls) {
+  if (!FM_FREE_MARK) {
+    memmove(to, from, n * sizeof(void *));
+    return;
+  }
   for (size_t k = 0; k < n; k++) {
     size_t i = to > from ? n - 1 - k : k;
     void *p = from[i];
@@ -34,14 +41,5 @@ void bin_blocks_move(void **from, void **to, size_t n, unsigned cls) {
 }
 
 void bin_popped_check(void *p, void **slot) {
-  if (!mark_matches(p, slot)) mark_mismatch(p);
-}
-
-void *bin_recycled(void *tagged) {
-  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)FM_BLOCK_RECYCLED;
-  if (FM_FREE_MARK && (uintptr_t)tagged != p) {
-    uintptr_t mark = ((const uintptr_t *)p)[1];
-    if (mark != FM_FREED_MARK && mark != 0) mark_mismatch((void *)p);
-  }
-  return (void *)p;
+  if (!mark_matches(p, slot)) bin_mark_mismatch(p);
 }

@@ -141,21 +141,19 @@ static void bin_push(fm_tcache *tc, unsigned cls, void *p) {
   tc->top[cls] = top + 1;
 }
 
-/* Gives the n oldest blocks of bin cls back to the arenas; the newest, likely still in
- * the CPU cache, stay for the next mallocs. */
-static void flush_oldest(fm_tcache *tc, unsigned cls, int32_t n) {
+/* Gives the n blocks on top of bin cls back to the arenas: no block below moves, so none
+ * has its mark rewritten (which would touch every block kept). */
+static void flush_top(fm_tcache *tc, unsigned cls, int32_t n) {
   if (n <= 0) return;
-  void **low = tc->low[cls];
-  int32_t keep = bin_count(tc, cls) - n;
-  bin_blocks_leave(low, (size_t)n, cls);
-  arena_free_blocks(low, (size_t)n, tc->arena);
-  bin_blocks_move(low + n, low, (size_t)keep, cls);
-  tc->top[cls] = low + keep;
+  void **from = tc->top[cls] - n;
+  bin_blocks_leave(from, (size_t)n, cls);
+  arena_free_blocks(from, (size_t)n, tc->arena);
+  tc->top[cls] = from;
 }
 
-/* Sets bin cls's limit, under the byte accounting: the oldest blocks beyond it go back. */
+/* Sets bin cls's limit, under the byte accounting: the blocks beyond it go back. */
 static void set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
-  flush_oldest(tc, cls, bin_count(tc, cls) - limit);
+  flush_top(tc, cls, bin_count(tc, cls) - limit);
   if (limit > bin_capacity(tc, cls)) bin_widen(tc, cls, limit);
   size_t old_bytes = (size_t)bin_limit(tc, cls) * size_class_size[cls];
   size_t new_bytes = (size_t)limit * size_class_size[cls];
@@ -225,7 +223,7 @@ static void sweep_bins(fm_tcache *tc, uint32_t epoch) {
       if (limit > limit_start[cls])
         set_limit(tc, cls, limit / 2 < limit_start[cls] ? limit_start[cls] : limit / 2);
       else
-        flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
+        flush_top(tc, cls, (bin_count(tc, cls) + 1) / 2);
     }
     tc->activity[cls] = 0;
   }
@@ -326,8 +324,10 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
   if (zeroed && *zeroed) return true;   /* (a block never handed out: no tag, no mark) */
-  for (unsigned i = 0; i < got; i++) low[i] = bin_recycled(low[i]);
-  for (unsigned i = 0; i < got; i++) mark_set(low[i], &low[i]);
+  for (unsigned i = 0; i < got; i++) {
+    low[i] = bin_recycled(low[i]);
+    mark_set(low[i], &low[i]);
+  }
   tc->top[cls] = low + got;
   return true;
 }
@@ -356,18 +356,18 @@ static void flush_free_only(fm_tcache *tc, unsigned cls) {
   if (n) arena_free_blocks(batch, n, tc->arena);
 }
 
-/* Free found the bin full. A bin this thread also allocates from grows, else gives its
- * older half back. A thread that only frees into it (the consumer of a producer) gains
+/* Free found the bin full. A bin this thread also allocates from grows, else gives half
+ * its blocks back. A thread that only frees into it (the consumer of a producer) gains
  * nothing from holding its blocks: they all go back, with those of its other such bins in
  * the same batch, and the bin grows to a few KiB so that the batches stay large. (A bin
  * that grew while its thread allocated keeps its limit: shrinking it in a phase of frees
  * would make the next phase of mallocs refill it again.) */
 static void overflow(fm_tcache *tc, unsigned cls) {
   if (tc->activity[cls] & BIN_REFILLED) {
-    if (!grow(tc, cls)) flush_oldest(tc, cls, (bin_count(tc, cls) + 1) / 2);
+    if (!grow(tc, cls)) flush_top(tc, cls, (bin_count(tc, cls) + 1) / 2);
   } else {
     /* (a bin grown while it was refilled too may hold more than one batch) */
-    flush_oldest(tc, cls, bin_count(tc, cls) - FM_FREE_ONLY_BATCH);
+    flush_top(tc, cls, bin_count(tc, cls) - FM_FREE_ONLY_BATCH);
     flush_free_only(tc, cls);
     int32_t limit = bin_limit(tc, cls);
     if (limit < FM_FREE_ONLY_MIN_BLOCKS || (size_t)limit * size_class_size[cls] < FM_FREE_ONLY_BIN_BYTES)

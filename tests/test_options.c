@@ -54,7 +54,7 @@ static void test_tcache_max(void **state) {
 
 static void test_arenas(void **state) {
   const struct { const char *text; unsigned arenas; } cases[] = {
-      {"1", 1}, {"64", 64}, {"65", 65}, {"99999999999999999999", UINT32_MAX},
+      {"1", 1}, {"64", 64}, {"65", 64}, {"99999999999999999999", 64},
       {"0", 0}, {"K", 0},   {"two", 0}, {NULL, 0}};   /* 0: one arena per CPU */
   for (unsigned i = 0; i < sizeof cases / sizeof *cases; i++) {
     unsigned got = options_with("FASTMALLOC_ARENAS", cases[i].text).arenas;
