@@ -12,8 +12,9 @@
  *   them), carrying FM_FREED_MARK instead, and a refill that takes a block handed out
  *   before checks it still carries that, or zero if its page was purged (bin_recycled):
  *   so a block freed again after its first free reached the span is caught when the span
- *   would hand it out twice;
- * - a free that finds its block on top of the bin reports at once (free(p); free(p)).
+ *   would hand it out twice.
+ * Free itself compares nothing: free(p); free(p) is reported by the second malloc of the
+ * class (the first hands p out from the upper slot, the second finds its mark naming it).
  * No block is ever handed out twice, and every double free is reported, at the latest
  * when the duplicate is reached. */
 #ifndef FM_BIN_H

@@ -90,7 +90,6 @@ static fm_always_inline void tcache_free(void *p) {
   size_t cls = unit_map_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
   void **top = tcache_tls.top[cls];
   if (fm_unlikely(top == tcache_tls.high[cls])) return tcache_free_miss(p);
-  if (FM_FREE_MARK && fm_unlikely(top[-1] == p)) return tcache_free_miss(p);   /* twice */
   mark_set(p, top);
   *top = p;
   FM_SPLIT_ADDRESS(cls);
