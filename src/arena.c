@@ -196,6 +196,15 @@ static bool arena_purge_tick(fm_arena *arena) {
  * caller's other clients of the clock (arena_init_all). */
 static void (*after_tick)(void);
 
+void arena_tick_if_due(fm_arena *arena) {
+  if (os_now_ns() < __atomic_load_n(&arena->next_purge_ns, __ATOMIC_RELAXED)) return;
+  bool threaded = lock_threaded();
+  lock_take(&arena->lock, threaded);
+  bool ticked = arena_purge_tick(arena);
+  lock_release(&arena->lock, threaded);
+  if (ticked && after_tick) after_tick();
+}
+
 void arena_unlock_after_free(fm_arena *arena, bool threaded) {
   bool ticked = arena_purge_tick(arena);
   lock_release(&arena->lock, threaded);

@@ -53,6 +53,10 @@ extern fm_hidden unsigned arena_count;
  * mappings ages on the same clock). */
 void arena_init_all(void (*on_tick)(void));
 
+/* Runs the arena's purge tick (and visits the arenas nobody frees into) when one is due:
+ * for the slow paths that do not reach the arena, so do not tick on its unlock. */
+void arena_tick_if_due(fm_arena *arena);
+
 /* ---- small blocks (arena_small.c) ---- */
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;

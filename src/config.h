@@ -102,6 +102,13 @@
 #define FM_FREE_ONLY_BATCH 256
 /* The idle sweep runs every 256 slow-path visits, and after each purge tick. */
 #define FM_SWEEP_MISSES 256
+/* A bin takes at most 1024 frees between two slow paths, each of which reads the purge
+ * clock: a thread that only cycles blocks through its bins still lets its arena purge. */
+#define FM_TICK_FREES 1024
+/* A bin whose countdown runs out while it is at most half full cycles its blocks (frees
+ * as many as it mallocs): its limit doubles, up to 32 KiB of blocks, so that its
+ * countdown, bounded by the room it has left, grows long. It holds no more blocks for it. */
+#define FM_CYCLING_BIN_BYTES ((size_t)32 << 10)
 /* All threads' bins together grow past their start by at most 8 x the per-thread budget. */
 #define FM_GROWN_BUDGETS 8
 /* Finished threads' bins' arrays kept for the next threads. */

@@ -13,21 +13,20 @@
 #include "options.h"
 
 /* The one slot every bin of a cache not set up (or gone) points just past: it holds the
- * sentinel, so malloc misses, and top == high, so free misses. */
+ * sentinel, so malloc misses; its room is 0, so free misses. */
 static void *boot_slot[1] = {(void *)bin_sentinel};
 #define BOOT_BIN (&boot_slot[1])
 
 __thread fm_tcache tcache_tls __attribute__((tls_model("initial-exec"))) = {
     .top = {[0 ... FM_BINS - 1] = BOOT_BIN},
     .low = {[0 ... FM_BINS - 1] = BOOT_BIN},
-    .high = {[0 ... FM_BINS - 1] = BOOT_BIN},
 };
 
 static pthread_key_t thread_key;   /* its destructor: tcache_thread_exit */
 
 /* What a bin's slow paths saw since the last idle sweep (activity[FM_CLASS_PAGES]: the
  * cached page blocks, a malloc they served or a free they took). */
-enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2 };
+enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2, BIN_CYCLED = 4 };
 
 /* ---- limits and layout ---- */
 
@@ -79,7 +78,16 @@ bool tcache_init(void) {
 }
 
 static int32_t bin_count(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->top[cls] - tc->low[cls]); }
-static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return (int32_t)(tc->high[cls] - tc->low[cls]); }
+static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return tc->limit[cls]; }
+
+/* The frees bin cls takes before its next slow path: what it has room for, at most
+ * FM_TICK_FREES. Every slow path that raises the bin's count or lowers its limit sets it
+ * again, so free never pushes past the limit. */
+static int32_t room_set(fm_tcache *tc, unsigned cls) {
+  int32_t room = bin_limit(tc, cls) - bin_count(tc, cls);
+  fm_assert(room >= 0);
+  return tc->room[cls] = room < FM_TICK_FREES ? room : FM_TICK_FREES;
+}
 
 /* The slots set aside for bin cls: up to the next bin's sentinel (the last bin's: the
  * layout's end). A bin's limit may grow up to it without moving anything. */
@@ -93,7 +101,8 @@ static void bin_place(fm_tcache *tc, unsigned cls, void **low, int32_t count, in
   low[-1] = (void *)bin_sentinel;
   tc->low[cls] = low;
   tc->top[cls] = low + count;
-  tc->high[cls] = low + limit;
+  tc->limit[cls] = limit;
+  room_set(tc, cls);
 }
 
 static void bins_set_sentinels(fm_tcache *tc) {
@@ -159,7 +168,8 @@ static void set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
   size_t new_bytes = (size_t)limit * size_class_size[cls];
   tc->limit_bytes = tc->limit_bytes - old_bytes + new_bytes;
   lock_add(&grown_bytes, new_bytes - old_bytes);
-  tc->high[cls] = tc->low[cls] + limit;
+  tc->limit[cls] = limit;
+  room_set(tc, cls);
 }
 
 /* Doubles the bin's limit while under its maximum, the thread's byte budget and the
@@ -231,26 +241,32 @@ static void sweep_bins(fm_tcache *tc, uint32_t epoch) {
   tc->activity[FM_CLASS_PAGES] = 0;
 }
 
-/* The sweep runs every FM_SWEEP_MISSES misses, and at the first miss after each purge tick
- * of the thread's arena (one a purge delay). The ticks bound the time, not just the misses,
- * it takes a thread that goes on missing seldom to let go of a heap it freed: its cache's
- * blocks pin the spans they lie in, so their pages too. */
-static void idle_sweep(fm_tcache *tc) {
+/* Every slow path of a live cache reads the purge clock: the thread's arena runs its tick
+ * when one is due, even when no free reaches the arena (a program that freed a heap and
+ * goes on cycling a few blocks through its bins, which count down to a slow path every
+ * FM_TICK_FREES frees at the most). The first slow path after each tick sweeps the bins:
+ * the ticks bound the time it takes a thread that goes on missing seldom to let go of a
+ * heap it freed, whose blocks in its bins pin the spans they lie in, so their pages too. */
+static void sweep_if_ticked(fm_tcache *tc) {
+  arena_tick_if_due(tc->arena);
   uint32_t epoch = arena_epoch(tc);
-  if (++tc->misses < FM_SWEEP_MISSES && epoch == tc->sweep_epoch) return;
-  sweep_bins(tc, epoch);
+  if (epoch != tc->sweep_epoch) sweep_bins(tc, epoch);
+}
+
+/* A bin's miss (empty or full) also counts towards the sweep every FM_SWEEP_MISSES. */
+static void idle_sweep(fm_tcache *tc) {
+  if (++tc->misses >= FM_SWEEP_MISSES) sweep_bins(tc, arena_epoch(tc));
+  else sweep_if_ticked(tc);
 }
 
 /* Blocks past the bins (page blocks, but for their cache of one a length, span blocks and
- * mapped ones) bypass the bins, but their slow paths run the sweep due at each purge tick
- * all the same: a thread that goes on with such blocks only, after freeing a heap, still
- * lets its bins' blocks (and so the spans they pin) go. (Not every FM_SWEEP_MISSES of them:
- * a program busy with large blocks would sweep bins it keeps using.) */
+ * mapped ones) bypass the bins, but their slow paths read the clock and sweep after a
+ * tick all the same: a thread that goes on with such blocks only, after freeing a heap,
+ * still lets its bins' blocks (and so the spans they pin) go. (Not every FM_SWEEP_MISSES
+ * of them: a program busy with large blocks would sweep bins it keeps using.) */
 static void large_path_sweep(void) {
   fm_tcache *tc = &tcache_tls;
-  if (tc->state != FM_TCACHE_LIVE) return;
-  uint32_t epoch = arena_epoch(tc);
-  if (epoch != tc->sweep_epoch) sweep_bins(tc, epoch);
+  if (tc->state == FM_TCACHE_LIVE) sweep_if_ticked(tc);
 }
 
 /* ---- set-up and exit ---- */
@@ -258,7 +274,7 @@ static void large_path_sweep(void) {
 /* A cache not set up, or gone with its thread: every bin at the boot slot. */
 static void reset(fm_tcache *tc, uint8_t state) {
   *tc = (fm_tcache){.state = state};
-  for (unsigned cls = 0; cls < FM_BINS; cls++) tc->top[cls] = tc->low[cls] = tc->high[cls] = BOOT_BIN;
+  for (unsigned cls = 0; cls < FM_BINS; cls++) tc->top[cls] = tc->low[cls] = BOOT_BIN;
 }
 
 /* Sets up the calling thread's cache, or marks it dead when that is impossible. */
@@ -329,6 +345,7 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
     mark_set(low[i], &low[i]);
   }
   tc->top[cls] = low + got;
+  room_set(tc, cls);
   return true;
 }
 
@@ -563,14 +580,31 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
     return;
   }
   idle_sweep(tc);
-  if (tc->top[cls] == tc->high[cls]) overflow(tc, cls);
+  if (bin_count(tc, cls) == bin_limit(tc, cls)) overflow(tc, cls);
   bin_push(tc, cls, p);
+  room_set(tc, cls);
 }
 
 /* free never changes errno: the OS calls on its slow paths put it back (os.c), and so
  * does a thread's set-up (current), the only other place where it may be set. */
 void tcache_free_miss(void *p) {
   unsigned cls = unit_map_class_checked(p);   /* 0 for NULL, and for any pointer before set-up */
+  fm_tcache *tc = &tcache_tls;
+  /* A live bin with room: its countdown ran out. The fast path's push, and every
+   * FM_TICK_FREES frees the purge clock. (A cache not live has every limit 0.) */
+  if (cls - 1u < FM_NUM_SPAN_CLASSES && bin_count(tc, cls) < bin_limit(tc, cls)) {
+    int32_t limit = bin_limit(tc, cls);
+    if (2 * bin_count(tc, cls) <= limit && (size_t)limit * size_class_size[cls] < FM_CYCLING_BIN_BYTES)
+      grow(tc, cls);
+    tc->activity[cls] |= BIN_CYCLED;
+    bin_push(tc, cls, p);
+    tc->clock_countdown -= room_set(tc, cls) + 1;
+    if (tc->clock_countdown < 0) {
+      tc->clock_countdown = FM_TICK_FREES;
+      sweep_if_ticked(tc);
+    }
+    return;
+  }
   /* A page block's own path, a tail call: it needs none of free_slow's stack frame. */
   if (cls == FM_CLASS_PAGES) return free_pages_slow(p);
   if (p) free_slow(p, cls);

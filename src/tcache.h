@@ -2,8 +2,7 @@
  * malloc/free fast paths, inlined into the exported functions. A hit is: no call, no lock,
  * no atomic, no errno write, no "initialised?" test. Every miss tail-calls a noinline slow
  * path in tcache.c. Cost (x86-64, gcc 12, check on): malloc hit 13 instructions, free hit
- * 15 (17 with the at-once report of free(p); free(p)). Nothing here is shared: only the
- * owning thread reads or writes its cache. */
+ * 15. Nothing here is shared: only the owning thread reads or writes its cache. */
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
 
@@ -19,14 +18,18 @@
 enum { FM_TCACHE_BOOT, FM_TCACHE_LIVE, FM_TCACHE_DEAD };
 
 typedef struct fm_tcache {
-  /* Bin cls holds the blocks at low[cls] .. top[cls] - 1, the newest on top, and has room
-   * up to high[cls]; low[cls][-1] holds the sentinel. Free misses at top == high. In the
-   * bins of class 0 and of the markers all three point just past the static sentinel, so
-   * those always miss. The bins lie in class order in one array, each with room for its
+  /* Bin cls holds the blocks at low[cls] .. top[cls] - 1, the newest on top, at most
+   * limit[cls] of them; low[cls][-1] holds the sentinel. room[cls] counts down the frees
+   * the bin takes before the next slow path: never more than it has room for, and at most
+   * FM_TICK_FREES, so a thread that frees keeps reading the purge clock (tcache.c) without
+   * one instruction more than a test for a full bin. In the bins of class 0 and of the
+   * markers top and low point just past the static sentinel and room stays 0 or below (64
+   * bits: it never wraps), so those always miss. The bins lie in class order in one array, each with room for its
    * limit or more. */
+  int64_t room[FM_BINS];   /* (first: gcc addresses it in free's one read-modify-write) */
   void **top[FM_BINS];
   void **low[FM_BINS];
-  void **high[FM_BINS];
+  int32_t limit[FM_BINS];
   /* The start of size_class_of_granule, up to FM_TABLED_MAX, so malloc indexes it off %fs
    * like the bins (one instruction less than a PIC global); all 0 before set-up and after
    * exit. */
@@ -39,6 +42,7 @@ typedef struct fm_tcache {
                                 so no slot above it was touched */
   size_t limit_bytes;        /* sum of limit * block size: held under the byte budget */
   uint32_t misses;           /* slow-path visits since the last idle sweep */
+  int32_t clock_countdown;   /* frees the bins may take before the purge clock is read */
   uint32_t sweep_epoch;      /* the arena's purge tick count at the last idle sweep */
 } fm_tcache;
 
@@ -88,8 +92,8 @@ static fm_always_inline void *tcache_malloc_tabled(size_t size) {
 
 static fm_always_inline void tcache_free(void *p) {
   size_t cls = unit_map_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
+  if (fm_unlikely(--tcache_tls.room[cls] < 0)) return tcache_free_miss(p);
   void **top = tcache_tls.top[cls];
-  if (fm_unlikely(top == tcache_tls.high[cls])) return tcache_free_miss(p);
   mark_set(p, top);
   *top = p;
   FM_SPLIT_ADDRESS(cls);
