@@ -365,8 +365,8 @@ static void realloc_grow(struct ctx *c)
 /* ---- message: blocks allocated by a producer thread and freed by a consumer thread ----
  * The two sides wait for each other by sleeping on a futex after a short spin, and a sleeper
  * is woken only once its side has half the queue to work on: so the pair hands over
- * batches however the scheduler places it. (Waiting with sched_yield made the time depend on
- * that placement: --parallel runs on 2 CPUs took 0.13 to 2.6 s for the same allocator.) */
+ * batches however the scheduler places it (waiting with sched_yield would make the time
+ * depend on that placement). */
 #define QUEUE_SLOTS 1024
 #define QUEUE_SPINS 256
 

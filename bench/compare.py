@@ -26,7 +26,7 @@ VARIANTS = (NO_ST_FLAG, NO_MARK)      # builds measured for their own tables, no
 SCENARIOS = (("st", "main_arena_st"), ("thr", "thread_arena_"), ("mt", "main_arena_mt"))
 COUNTS = (25, 100, 400, 1600)
 # The workload that, run alone, then goes on allocating a little for LINGER_MS without
-# malloc_trim: what a freed heap's memory does meanwhile (the footprint issue's "1 s later").
+# malloc_trim: what a freed heap's memory does meanwhile.
 LINGER_JOB, LINGER_MS = "fragment-mix", 1000
 # The workload programs, each naming its workloads with --list and printing bench-workload's
 # JSON line: bench-cxx (C++) is built only where CMake found a C++ compiler.
@@ -129,7 +129,7 @@ def verify_preloads(bindir, allocs):
 def pinned_cpu():
     """The CPU bench-malloc-simple runs on, for every candidate: the last one we may use. Its
     cells last about a millisecond, and a virtual machine's CPUs run at different speeds from
-    moment to moment, so unpinned a cell's ratio to a peer moved by a third between runs."""
+    moment to moment: unpinned, a cell would measure which CPU it ran on."""
     return max(os.sched_getaffinity(0))
 
 
@@ -730,7 +730,8 @@ def main():
                    "fm: normal build; flag-off: built with -DFM_SINGLE_THREAD_FLAG=OFF. gain above 1: the flag "
                    "makes the single-threaded case faster.", ""]
     if NO_MARK in allocs:
-        report += ["## What the double-free mark costs (DESIGN §6)", "", mark_table(res, jobs, peers), "",
+        report += ['## What the double-free check costs (docs/design.md, "The double-free check")', "",
+                   mark_table(res, jobs, peers), "",
                    "fastmalloc as shipped, and built with -DFM_FREE_MARK=OFF: without the mark, free() "
                    "writes nothing into a freed block and a double free is caught only when the thread's "
                    "cache gives the block back to its span (not at all if malloc hands it out again "

@@ -1,5 +1,5 @@
 /* Helpers shared by the fastmalloc tests: cmocka (never with UNIT_TESTING), the size-class
- * boundaries of DESIGN §2, payload patterns, RSS, and running code in a forked child.
+ * boundaries, payload patterns, RSS, and running code in a forked child.
  * Everything here is static inline so each test executable stays one translation unit. */
 #ifndef FM_TEST_H
 #define FM_TEST_H
@@ -46,9 +46,9 @@ static inline void fmt_fill_usable(void *p, size_t from, int byte) {
   memset((char *)fmt_launder(p) + from, byte, malloc_usable_size(p) - from);
 }
 
-/* The class sizes DESIGN §2 defines, in increasing order: 16-byte steps to 128, then
- * four classes per power of two, up to 8 KiB here (DESIGN says 32 KiB: blocks of 8-64 KiB
- * are runs of whole pages instead, see src/arena.h). Returns the count. */
+/* The class sizes of docs/design.md ("Memory layout"), in increasing order: 16-byte steps
+ * to 128, then four classes per power of two up to 8 KiB (blocks of 8-64 KiB are page
+ * blocks, runs of whole pages). Returns the count. */
 static inline unsigned fmt_class_sizes(size_t out[FMT_MAX_CLASSES]) {
   unsigned n = 0;
   for (size_t s = 16; s <= 128; s += 16) out[n++] = s;

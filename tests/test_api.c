@@ -1,6 +1,6 @@
-/* The API contract of DESIGN §4, row by row, at every size-class boundary and for
- * alignments 16 .. 1 MiB: malloc, free, calloc, realloc, reallocarray, the aligned
- * allocators, malloc_usable_size, the __libc_ aliases and the fm_ extras. */
+/* The API contract of docs/design.md ("API semantics"), row by row, at every size-class
+ * boundary and for alignments 16 .. 1 MiB: malloc, free, calloc, realloc, reallocarray,
+ * the aligned allocators, malloc_usable_size, the __libc_ aliases and the fm_ extras. */
 #include "fm_test.h"
 
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* White-box test of the chunks an arena maps ahead (src/arena.c maps eight at a time):
+/* White-box test of the chunks an arena maps ahead (src/arena.c maps several at a time):
  * malloc_trim leaves them, so a trimming program does not map them again at once, while a
  * purge tick that unmaps an empty chunk unmaps them too, since a heap that shrinks needs
  * none. Built from the allocator's objects, so it reads the arenas directly. */

@@ -177,11 +177,9 @@ static size_t grow_cache(size_t size, size_t other) {
 }
 
 static void *grower(void *arg) {
-  /* Together the 4 MiB budget of one thread, grown in step: grown one size after the
-   * other (the first bin idle, so swept, while the second grew), the ten growers held
-   * 31.3-32.0 MiB of the 32 MiB bound and the probe below cached up to 512 KiB (16 runs),
-   * 1 MiB in about one run in ten under load, failing this test; in step, 31.8-31.9 MiB
-   * and 64-256 KiB. */
+  /* Two sizes, grown in step, fill one thread's 4 MiB budget, so that the ten growers
+   * take the whole 32 MiB bound. Grown one after the other, the first bin would sit idle
+   * and be swept while the second grew, leaving room for the probe below to grow. */
   grow_cache(1024, 1536);
   pthread_barrier_wait(&grown);
   pthread_barrier_wait(&forked);   /* alive, and so counted, while main forks */

@@ -143,8 +143,7 @@ static void test_freed_heap_unmapped_without_trim(void **state) {
 
 /* The same when the program goes on with large blocks only, which bypass the thread
  * cache: their slow paths run its idle sweeps too, so the blocks it still holds from all
- * over the heap go back (before they did, the 206 MB mapped with the heap all stayed
- * mapped through the 1000 rounds). */
+ * over the heap go back. */
 static void test_freed_heap_unmapped_with_large_blocks_only(void **state) {
   check_freed_heap_unmapped(heap_size, 6, 8, 100 * FMT_KIB);
 }
@@ -155,8 +154,7 @@ static size_t interleaved_size(unsigned i) { return i % 4 == 3 ? 1000 : 48; }
 
 /* The same when the program goes on with a size the heap had all over its chunks: the
  * empty spans of that class that its rounds take again lie in every chunk of the freed
- * heap. They move down to the lowest chunks, so the others drain (before they did, the
- * whole freed heap, 105 MB, stayed mapped through all 1000 rounds). */
+ * heap. They must move down to the lowest chunks, so the others drain. */
 static void test_freed_heap_unmapped_while_its_spans_cycle(void **state) {
   check_freed_heap_unmapped(interleaved_size, 5, 4096, 1000);
 }
@@ -165,8 +163,7 @@ static void test_freed_heap_unmapped_while_its_spans_cycle(void **state) {
  * heap purged a purge delay or two later, as every free that reaches the arena reads the
  * clock. The heap is another thread's, whose exit gave its cached blocks back, so no
  * cache pins its spans. A bound on progress (at most 60 such frees, each 20 ms or more
- * after the last: 12 purge delays; reading the clock on every 64th free only took 126),
- * not a timing. */
+ * after the last: 12 purge delays), not a timing. */
 static void *heap_built_and_freed(void *arg) {
   build_heap(0x44);
   free_heap_shuffled(4);

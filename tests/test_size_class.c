@@ -1,6 +1,7 @@
 /* White-box test of src/size_class.h, built from the allocator's objects: the class sizes
- * are those of DESIGN §2, the lookup table agrees with the formula for every size
- * 0 .. FM_SMALL_MAX, and each answer is the smallest class that fits (and aligns). */
+ * are those of docs/design.md ("Memory layout"), the lookup table agrees with the formula
+ * for every size 0 .. FM_SMALL_MAX, and each answer is the smallest class that fits (and
+ * aligns). */
 #include "fm_test.h"
 
 #include "size_class.h"
@@ -11,7 +12,7 @@ static void test_class_sizes_match_design(void **state) {
   assert_int_equal(FM_NUM_CLASSES, n);
   for (unsigned c = 1; c <= FM_NUM_CLASSES; c++)
     if (size_class_size[c] != expect[c - 1])
-      fail_msg("class %u has size %u, DESIGN says %zu", c, (unsigned)size_class_size[c],
+      fail_msg("class %u has size %u, expected %zu", c, (unsigned)size_class_size[c],
                expect[c - 1]);
   assert_int_equal(size_class_size[FM_NUM_CLASSES], FM_SMALL_MAX);
 }
