@@ -19,7 +19,7 @@
 #ifndef FM_SINGLE_THREAD_FLAG
 #define FM_SINGLE_THREAD_FLAG 1
 #endif
-/* The double-free check (tcache.h): no block is handed out twice, every double free is
+/* The double-free check (bin.h): no block is handed out twice, every double free is
  * reported. Off only to measure what it costs. */
 #ifndef FM_FREE_MARK
 #define FM_FREE_MARK 1

@@ -1,4 +1,4 @@
-/* The slow paths of the futex lock in sync.h: waiting, waking, and the fork window's
+/* The slow paths of the futex lock in lock.h: waiting, waking, and the fork window's
  * borrowing. A thread sleeps only on a lock that another thread holds inside fastmalloc
  * (held, or borrowed), never on the forking thread itself. */
 #include "lock.h"
