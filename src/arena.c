@@ -205,6 +205,34 @@ void arena_tick_if_due(fm_arena *arena) {
   if (ticked && after_tick) after_tick();
 }
 
+/* The arena's slow-path calls so far. */
+static uint64_t arena_uses(const fm_arena *arena) {
+  const arena_counters *c = &arena->counters;
+  return c->refills + c->flushes + c->page_blocks_taken + c->page_blocks_given + c->span_blocks_taken;
+}
+
+void arena_tick_all(void) {
+  uint64_t now = os_now_ns();
+  bool threaded = lock_threaded();
+  for (unsigned i = 0; i < arena_count; i++) {
+    fm_arena *arena = &arenas[i];
+    if (!lock_try(&arena->lock, threaded)) continue;   /* (its user ticks it) */
+    arena_tick(arena, now);
+    /* Free pages inside partly used spans (those that thread caches' blocks pin, say)
+     * wait for no tick: they go when the arena rests. */
+    uint64_t uses = arena_uses(arena);
+    if (uses != arena->uses_seen) {
+      arena->uses_seen = uses;
+      arena->idle_purged = false;
+    } else if (!arena->idle_purged) {
+      arena_purge(arena, FM_PURGE_ALL);
+      arena->idle_purged = true;
+    }
+    lock_release(&arena->lock, threaded);
+  }
+  if (after_tick) after_tick();
+}
+
 void arena_unlock_after_free(fm_arena *arena, bool threaded) {
   bool ticked = arena_purge_tick(arena);
   lock_release(&arena->lock, threaded);

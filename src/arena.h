@@ -42,6 +42,8 @@ typedef struct fm_arena {
   uint32_t generation;     /* of the chunks it uses: others were abandoned (a fork child) */
   uint64_t next_purge_ns;  /* when the next purge tick is due */
   uint64_t purge_epoch;    /* purge ticks so far */
+  uint64_t uses_seen;      /* the purge thread's last look at arena_uses */
+  bool idle_purged;        /* it purged everything since the arena was last used */
   arena_counters counters;
 } __attribute__((aligned(64))) fm_arena;
 
@@ -56,6 +58,9 @@ void arena_init_all(void (*on_tick)(void));
 /* Runs the arena's purge tick (and visits the arenas nobody frees into) when one is due:
  * for the slow paths that do not reach the arena, so do not tick on its unlock. */
 void arena_tick_if_due(fm_arena *arena);
+/* Runs the purge tick of every arena not busy now, due or not (the purge thread); an arena
+ * not used since the last such call is purged as malloc_trim would, once. */
+void arena_tick_all(void);
 
 /* ---- small blocks (arena_small.c) ---- */
 

@@ -2,6 +2,7 @@
 #include "init.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 
 #include "mapped.h"
@@ -41,7 +42,46 @@ bool init_process(void) {
   return ok;
 }
 
-__attribute__((constructor(101))) static void init_constructor(void) { init_process(); }
+/* FASTMALLOC_PURGE_THREAD=1: a thread that runs every arena's purge tick each half purge
+ * delay, so that what a program frees goes back within the delay even when the program
+ * makes no more calls. A span empty at two ticks is purged: half a delay to a delay after
+ * it emptied. The blocks in the program's thread caches stay there (their threads' slow
+ * paths sweep them). */
+static void *purge_thread_run(void *unused) {
+  uint64_t pause = options.purge_delay_ns / 2 > 1000000 ? options.purge_delay_ns / 2 : 1000000;
+  for (;;) {
+    os_sleep_ns(pause);
+    arena_tick_all();
+  }
+  return unused;
+}
+
+/* Started from the constructor, where the program holds no lock of ours; with every signal
+ * blocked, so that the program's handlers run in its own threads only, and a small stack.
+ * Once it exists, glibc counts the process as threaded for good: the locks and atomics of
+ * the slow paths are on. A fork child runs without it. */
+static void purge_thread_start(void) {
+  pthread_attr_t attr;
+  sigset_t all, old;
+  pthread_t thread;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, (size_t)64 << 10);
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int failed = pthread_create(&thread, &attr, purge_thread_run, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&attr);
+  if (failed)
+    diag_print("fastmalloc: FASTMALLOC_PURGE_THREAD=1: no thread could be started; memory "
+               "goes back at the program's own calls\n");
+  else
+    pthread_setname_np(thread, "fm-purge");
+}
+
+__attribute__((constructor(101))) static void init_constructor(void) {
+  if (init_process() && options.purge_thread) purge_thread_start();
+}
 
 /* Gives back what the heap holds empty: flushes the calling thread's cache, unmaps empty
  * chunks, cached mappings and finished threads' bins' arrays and, when purge (malloc_trim),

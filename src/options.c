@@ -86,6 +86,7 @@ void options_init(void) {
     options.arenas = value < FM_ARENAS_MAX ? (unsigned)value : FM_ARENAS_MAX;
   read_switch("FASTMALLOC_STATS", &options.stats);
   read_switch("FASTMALLOC_VERBOSE", &options.verbose);
+  read_switch("FASTMALLOC_PURGE_THREAD", &options.purge_thread);
 }
 
 void options_print(unsigned arena_count) {
@@ -99,6 +100,7 @@ void options_print(unsigned arena_count) {
   diag_append_u64(&t, arena_count, 10);
   diag_append(&t, FM_FREE_MARK ? ", double-free check on" : ", double-free check off");
   diag_append(&t, FM_SINGLE_THREAD_FLAG ? ", single-threaded switch on" : ", single-threaded switch off");
+  diag_append(&t, options.purge_thread ? ", purge thread" : "");
   diag_append(&t, options.stats ? ", statistics at exit\n" : "\n");
   diag_finish(&t);
   diag_print(line);

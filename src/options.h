@@ -9,6 +9,7 @@
  *                              threads
  *   FASTMALLOC_STATS           1: statistics to stderr at exit (stats.c)
  *   FASTMALLOC_VERBOSE         1: the settings in force to stderr at set-up
+ *   FASTMALLOC_PURGE_THREAD    1: a thread that runs the purge ticks (init.c)
  * A malformed value gets one warning line naming it and the default kept. */
 #ifndef FM_OPTIONS_H
 #define FM_OPTIONS_H
@@ -21,6 +22,7 @@ typedef struct options {
   unsigned arenas;   /* 0: one per CPU */
   bool stats;
   bool verbose;
+  bool purge_thread;
 } options_t;
 
 extern fm_hidden options_t options;

@@ -162,6 +162,13 @@ uint64_t os_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void os_sleep_ns(uint64_t ns) {
+  struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000), .tv_nsec = (long)(ns % 1000000000)};
+  int saved = errno;
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+  errno = saved;
+}
+
 const char *os_getenv(const char *name) {
   size_t len = strlen(name);
   for (char **e = environ; e && *e; e++) {

@@ -27,6 +27,7 @@ size_t os_mapped_peak_bytes(void);              /* the most os_mapped_bytes has 
 unsigned os_cpu_count(void);
 uint64_t os_random64(void);
 uint64_t os_now_ns(void);
+void os_sleep_ns(uint64_t ns);
 const char *os_getenv(const char *name);          /* reads environ; never allocates */
 
 unsigned os_getpid(void);                         /* the raw system call: never cached */

@@ -187,6 +187,88 @@ static void test_freed_heap_purged_at_few_arena_frees(void **state) {
   if (frees > 60) fail_msg("a freed %zu-byte heap was still resident after %d arena frees", total, frees);
 }
 
+/* A program that frees its heap and goes on working a little (256 blocks of 48 bytes every
+ * 10 ms, all malloc'ed then all freed, or one at a time) gets the heap's pages back without
+ * malloc_trim, though its few blocks never leave the thread cache's fast paths: the bins'
+ * free countdowns bring a slow path, which reads the purge clock, every so many frees. A
+ * bound on progress (at most 300 rounds, 30 purge delays), not a timing. */
+static void check_freed_heap_purged_while_cycling(bool batch, uint64_t seed) {
+  static void *blocks[256];
+  malloc_trim(0);
+  size_t rss0 = fmt_rss(), total = build_heap((unsigned char)seed);
+  size_t rss1 = fmt_rss();
+  free_heap_shuffled(seed);
+  int rounds = 0;
+  while (fmt_rss() > rss0 + total / 4 && rounds < 300) {
+    usleep(10 * 1000);
+    for (int i = 0; i < 256; i++) {
+      assert_non_null(blocks[i] = malloc(48));
+      memset(blocks[i], i, 48);
+      if (!batch) free(blocks[i]);
+    }
+    if (batch)
+      for (int i = 0; i < 256; i++) free(blocks[i]);
+    rounds++;
+  }
+  print_message("heap %zu: rss %zu -> %zu, then %zu after %d rounds\n", total, rss0, rss1,
+                fmt_rss(), rounds);
+  if (rounds == 300)
+    fail_msg("3 s after freeing a %zu-byte heap, RSS is %zu (%zu before it)", total, fmt_rss(), rss0);
+}
+
+static void test_freed_heap_purged_while_cycling_a_batch(void **state) {
+  check_freed_heap_purged_while_cycling(true, 7);
+}
+
+static void test_freed_heap_purged_while_cycling_pairs(void **state) {
+  check_freed_heap_purged_while_cycling(false, 8);
+}
+
+/* Two threads that pass blocks to each other (each frees the other's last round, of 2000
+ * blocks of 16 bytes to 2 KiB, then allocates its own): RSS after 400 rounds stays within
+ * 16 MiB of where 40 rounds left it. Blocks stranded in the freeing thread's cache, or spans
+ * the owner never reuses, would add up to about 2 MiB a round. */
+enum { PASS_BLOCKS = 2000, PASS_ROUNDS = 400, PASS_WARM = 40 };
+static void *pass_blocks[2][PASS_BLOCKS];
+static pthread_barrier_t pass_round;
+static size_t pass_rss_warm;
+
+static void *pass_blocks_run(void *arg) {
+  unsigned me = (unsigned)(uintptr_t)arg;
+  uint64_t rng = fmt_seed_state(me + 11);
+  for (int round = 0; round < PASS_ROUNDS; round++) {
+    for (unsigned i = 0; i < PASS_BLOCKS; i++) {
+      free(pass_blocks[!me][i]);   /* the other thread's, from the last round */
+      pass_blocks[!me][i] = NULL;
+    }
+    pthread_barrier_wait(&pass_round);
+    for (unsigned i = 0; i < PASS_BLOCKS; i++) {
+      size_t n = 16 + fmt_rand(&rng) % 2033;
+      assert_non_null(pass_blocks[me][i] = malloc(n));
+      memset(pass_blocks[me][i], (int)i, n);
+    }
+    pthread_barrier_wait(&pass_round);
+    if (round == PASS_WARM && me == 0) pass_rss_warm = fmt_rss();
+  }
+  return arg;
+}
+
+static void test_blocks_passed_between_threads_rss_bounded(void **state) {
+  pthread_t t[2];
+  assert_int_equal(pthread_barrier_init(&pass_round, NULL, 2), 0);
+  for (uintptr_t i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, pass_blocks_run, (void *)i), 0);
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  size_t rss_end = fmt_rss();
+  for (int me = 0; me < 2; me++)
+    for (unsigned i = 0; i < PASS_BLOCKS; i++) free(pass_blocks[me][i]);
+  pthread_barrier_destroy(&pass_round);
+  print_message("blocks passed between threads: rss %zu after %d rounds, %zu after %d\n",
+                pass_rss_warm, PASS_WARM, rss_end, PASS_ROUNDS);
+  if (rss_end > pass_rss_warm + 16 * FMT_MIB)
+    fail_msg("RSS grew from %zu to %zu while two threads passed blocks", pass_rss_warm, rss_end);
+}
+
 /* A thread's cache holds at most its byte budget (FASTMALLOC_TCACHE_MAX, 4 MiB by default):
  * a thread that malloc'ed and freed 2 MiB of each class from 1 KiB to 4 KiB over and over,
  * so that its bins grew, then waits, pins no more than that (plus a little) after the main
@@ -478,6 +560,9 @@ int main(void) {
       cmocka_unit_test(test_freed_heap_unmapped_with_large_blocks_only),
       cmocka_unit_test(test_cached_mapping_unmapped_without_trim),
       cmocka_unit_test(test_freed_heap_purged_at_few_arena_frees),
+      cmocka_unit_test(test_freed_heap_purged_while_cycling_a_batch),
+      cmocka_unit_test(test_freed_heap_purged_while_cycling_pairs),
+      cmocka_unit_test(test_blocks_passed_between_threads_rss_bounded),
       cmocka_unit_test(test_thread_cache_within_budget),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
