@@ -24,8 +24,8 @@ typedef struct fm_tcache {
    * FM_TICK_FREES, so a thread that frees keeps reading the purge clock (tcache.c) without
    * one instruction more than a test for a full bin. In the bins of class 0 and of the
    * markers top and low point just past the static sentinel and room stays 0 or below (64
-   * bits: it never wraps), so those always miss. The bins lie in class order in one array, each with room for its
-   * limit or more. */
+   * bits: it never wraps), so those always miss. The bins lie in class order in one array,
+   * each with room for its limit or more. */
   int64_t room[FM_BINS];   /* (first: gcc addresses it in free's one read-modify-write) */
   void **top[FM_BINS];
   void **low[FM_BINS];

@@ -24,14 +24,14 @@ expect "probe after --" 0 "fastmalloc in use" "$launcher" --stats -- "$probe"
 expect "--version" 0 "fastmalloc $version" "$launcher" --version
 [ "$out" = "fastmalloc $version" ] || fail "--version prints '$out'"
 expect "--help" 0 "Usage: fastmalloc [OPTION]... [--] COMMAND [ARG]..." "$launcher" --help
-for word in --stats --verbose --purge-delay=MS --tcache-max=SIZE --arenas=N --version setuid; do
+for word in --stats --verbose --purge-thread --purge-delay=MS --tcache-max=SIZE --arenas=N --version setuid; do
   [[ $out == *"$word"* ]] || fail "--help does not mention $word"
 done
 
 # The environment: each option's variable, and none without options.
 fm_env() { "$launcher" "$@" env | grep '^FASTMALLOC_' | sort | tr '\n' ' '; }
-got=$(fm_env --stats --verbose --purge-delay=250 --tcache-max=64K --arenas=3 --)
-want="FASTMALLOC_ARENAS=3 FASTMALLOC_PURGE_DELAY_MS=250 FASTMALLOC_STATS=1"
+got=$(fm_env --stats --verbose --purge-thread --purge-delay=250 --tcache-max=64K --arenas=3 --)
+want="FASTMALLOC_ARENAS=3 FASTMALLOC_PURGE_DELAY_MS=250 FASTMALLOC_PURGE_THREAD=1 FASTMALLOC_STATS=1"
 want+=" FASTMALLOC_TCACHE_MAX=64K FASTMALLOC_VERBOSE=1 "
 if [ "$got" = "$want" ]; then
   ok "options to variables"
