@@ -28,6 +28,8 @@
 
 #include <fastmalloc.h>
 
+#include "probe_rss.h"
+
 #define FMT_KIB ((size_t)1 << 10)
 #define FMT_MIB ((size_t)1 << 20)
 #define FMT_MAX_CLASSES 64
@@ -122,18 +124,11 @@ static inline bool fmt_aligned(const void *p, size_t align) {
   return ((uintptr_t)p & (align - 1)) == 0;
 }
 
-/* Resident set size in bytes, from /proc/self/statm (read without allocating). */
+/* Resident set size in bytes (probe_rss.h); fails the test when it cannot be read. */
 static inline size_t fmt_rss(void) {
-  char buf[128];
-  int fd = open("/proc/self/statm", O_RDONLY);
-  assert_true(fd >= 0);
-  ssize_t len = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  assert_true(len > 0);
-  buf[len] = 0;
-  unsigned long size_pages, rss_pages;
-  assert_int_equal(sscanf(buf, "%lu %lu", &size_pages, &rss_pages), 2);
-  return (size_t)rss_pages * (size_t)sysconf(_SC_PAGESIZE);
+  size_t rss = probe_rss();
+  assert_true(rss > 0);
+  return rss;
 }
 
 /* Asserts that this process's malloc is fastmalloc's: its blocks are owned, libc's own

@@ -1,8 +1,8 @@
 /* FASTMALLOC_PURGE_THREAD=1: a program that frees its heap and then makes no call at all
  * gets its pages back from fastmalloc's purge thread, named fm-purge, within a few purge
  * delays (a bound on progress: 3 s, 30 delays), but for those its thread cache's blocks lie
- * on (at most a few MiB). With `none`, run without the setting: no
- * such thread exists. Exit 0 on success. */
+ * on (at most a few MiB). With `none`, run without the setting: no such thread exists.
+ * Exit 0 on success; 2 when the heap or the RSS cannot be had. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -11,18 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Resident bytes, from /proc/self/statm, without allocating. */
-static size_t rss(void) {
-  char text[128];
-  int fd = open("/proc/self/statm", O_RDONLY);
-  ssize_t len = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
-  if (fd >= 0) close(fd);
-  if (len <= 0) exit(2);
-  text[len] = 0;
-  unsigned long size, resident;
-  if (sscanf(text, "%lu %lu", &size, &resident) != 2) exit(2);
-  return resident * (size_t)sysconf(_SC_PAGESIZE);
-}
+#include "probe_rss.h"
 
 /* Whether one of the process's threads is named fm-purge. */
 static bool purge_thread_exists(void) {
@@ -52,7 +41,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (!expect_thread) return 0;
-  size_t rss0 = rss(), total = 0;
+  size_t rss0 = probe_rss(), total = 0;
+  if (!rss0) return 2;
   for (unsigned i = 0; i < BLOCKS; i++) {
     /* mostly 16-256 bytes, some page blocks, a few large ones */
     size_t n = i % 3000 == 2999 ? (128 << 10) + (i * 7919) % (896 << 10)
@@ -64,9 +54,9 @@ int main(int argc, char **argv) {
     total += n;
   }
   for (unsigned i = 0; i < BLOCKS; i++) free(heap[(i * 7919u) % BLOCKS]);   /* (7919: prime) */
-  size_t rss1 = rss(), rss2 = rss1;
+  size_t rss1 = probe_rss(), rss2 = rss1;
   int waits = 0;
-  for (; waits < 300 && (rss2 = rss()) > rss0 + total / 4; waits++) usleep(10 * 1000);
+  for (; waits < 300 && (rss2 = probe_rss()) > rss0 + total / 4; waits++) usleep(10 * 1000);
   printf("heap %zu: rss %zu before, %zu freed, %zu after %d waits of 10 ms\n", total, rss0, rss1,
          rss2, waits);
   return waits < 300 ? 0 : 1;

@@ -16,18 +16,9 @@
 #include <unistd.h>
 
 #include "fastmalloc.h"
+#include "probe_rss.h"
 
 #define MIB ((size_t)1 << 20)
-
-static size_t rss(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  unsigned long size = 0, resident = 0;
-  if (f) {
-    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
-    fclose(f);
-  }
-  return resident * (size_t)sysconf(_SC_PAGESIZE);
-}
 
 enum { HEAP_BLOCKS = 40000, HEAP_BLOCK = 1000 };
 static void *heap[HEAP_BLOCKS];
@@ -101,10 +92,10 @@ static int check_grown_bins_given_back(void) {
       pthread_create(&t, NULL, grow_bins_then_wait, &grown))
     return 1;
   pthread_barrier_wait(&grown_and_measured);
-  size_t alive = rss();
+  size_t alive = probe_rss();
   pthread_barrier_wait(&grown_and_measured);
   if (pthread_join(t, &done) || !done) return 1;
-  size_t ended = rss();
+  size_t ended = probe_rss();
   if (ended + 128 * 1024 > alive) {
     printf("FAIL: RSS %zu after a thread with grown bins ended, %zu while it lived: its bins' "
            "array kept its pages\n", ended, alive);
@@ -162,7 +153,7 @@ int main(void) {
   }
   free(mine);
   free(theirs);
-  size_t rss0 = rss();
+  size_t rss0 = probe_rss();
   static int built;
   pthread_t t;
   void *done = NULL;
@@ -177,7 +168,7 @@ int main(void) {
     if (!p) return 1;
     free(p);
   }
-  size_t rss1 = rss();
+  size_t rss1 = probe_rss();
   if (rss1 < rss0 + 20 * MIB) {
     printf("FAIL: RSS %zu 600 ms after freeing a 40 MB heap (%zu before): purged before the delay\n",
            rss1, rss0);
