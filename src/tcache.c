@@ -81,8 +81,9 @@ static int32_t bin_count(const fm_tcache *tc, unsigned cls) { return (int32_t)(t
 static int32_t bin_limit(const fm_tcache *tc, unsigned cls) { return tc->limit[cls]; }
 
 /* The frees bin cls takes before its next slow path: what it has room for, at most
- * FM_TICK_FREES. Every slow path that raises the bin's count or lowers its limit sets it
- * again, so free never pushes past the limit. */
+ * FM_TICK_FREES. Every slow path that changes the bin's count or limit sets it again: free
+ * never pushes past the limit, and a bin a flush emptied does not run out of room early,
+ * which would read as a bin that cycles its blocks (tcache_free_miss) and grow it. */
 static int32_t room_set(fm_tcache *tc, unsigned cls) {
   int32_t room = bin_limit(tc, cls) - bin_count(tc, cls);
   fm_assert(room >= 0);
@@ -158,6 +159,7 @@ static void flush_top(fm_tcache *tc, unsigned cls, int32_t n) {
   bin_blocks_leave(from, (size_t)n, cls);
   arena_free_blocks(from, (size_t)n, tc->arena);
   tc->top[cls] = from;
+  room_set(tc, cls);
 }
 
 /* Sets bin cls's limit, under the byte accounting: the blocks beyond it go back. */
@@ -360,6 +362,7 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
   bin_blocks_leave(tc->low[cls], count, cls);
   memcpy(batch + n, tc->low[cls], count * sizeof(void *));
   tc->top[cls] = tc->low[cls];
+  room_set(tc, cls);
   return n + count;
 }
 
@@ -405,6 +408,7 @@ static void flush_all(fm_tcache *tc) {
     if (count) memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
     end += count;
     tc->top[cls] = tc->low[cls];
+    room_set(tc, cls);
   }
   if (end > start) arena_free_blocks(start, (size_t)(end - start), tc->arena);
   bins_set_sentinels(tc);
