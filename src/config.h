@@ -62,10 +62,16 @@
 #define FM_KEPT_SPAN_BYTES ((size_t)4 << 20)
 #define FM_KEPT_SPANS_OTHER 16
 
-/* Freed mappings wait in a cache per arena for the next mapped block: 8 mappings and
- * 64 MiB a cache, 64 MiB in all (32 MiB an arena when there are more than two); one
- * more than 8 MiB too big for a request is cut down first. */
-#define FM_MAPPED_CACHE_SLOTS 8
+/* Mapped blocks' mappings: sizes and starts are multiples of 2 MiB, the reach of one page
+ * table, which mremap moves whole (pages moved a table at a time are as fast to use as
+ * before; moved entry by entry, some kernels make each costly to touch again). */
+#define FM_MAPPED_ALIGN ((size_t)2 << 20)
+/* Freed mappings wait in a cache per arena for the next mapped block: 16 mappings and
+ * 64 MiB a cache, 64 MiB in all (32 MiB an arena when there are more than two), or half
+ * the live mapped blocks' bytes when more. A mapping too big for a request leaves the
+ * rest cached (one for realloc's growing block is cut down only when over 4x and 8 MiB
+ * too big). */
+#define FM_MAPPED_CACHE_SLOTS 16
 #define FM_MAPPED_CACHE_BYTES ((size_t)64 << 20)
 #define FM_MAPPED_CACHE_ARENA_SHARE ((size_t)32 << 20)
 #define FM_MAPPED_TAKE_SLACK ((size_t)8 << 20)

@@ -9,8 +9,10 @@
 #include "diag.h"
 
 /* A block of size bytes aligned to align (0: 64), for a thread of `arena` (whose cache of
- * freed mappings it tries first); *zeroed says it reads zero. NULL when out of memory. */
-void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool *zeroed);
+ * freed mappings it tries first); growing: for realloc, which will grow it with mremap.
+ * *zeroed says it reads zero. NULL when out of memory. */
+void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growing,
+                   bool *zeroed);
 /* Frees mapped block p into the cache of the freeing thread's arena. */
 void mapped_free(void *p, const fm_arena *arena);
 /* Bytes usable in mapped block p; the fatal report `op` when p is no live mapped block. */
