@@ -392,16 +392,18 @@ static mapping compose(mapping_cache *c, size_t need, bool threaded) {
       if (to > len) to = len;
       if (at + from) starts.unit[count++] = (uint16_t)((at + from) >> FM_UNIT_SHIFT);
       if (os_move(s->m.base + from, to - from, dest + at + from, to - from)) continue;
-      /* Refused (out of mapping slots): the rest of the source goes, and dest from this
-       * piece on is fresh pages again, or given up. */
+      /* Refused (out of mapping slots, or a source the program split with mprotect or
+       * madvise): the rest of the source goes, and dest too, but for this piece's place,
+       * which older kernels free before they refuse, so another thread may map it: left
+       * as it is, marked ours and never reused, as in mapping_resize. */
       os_unmap(s->m.base + from, len - from);
-      if (!os_map_over(dest + at + from, need - at - from)) {
-        unit_map_set(dest, need, 0);
-        os_unmap(dest, need);
-        dest = NULL;
-      }
+      size_t hole = at + from, hole_end = at + to;
+      unit_map_set(dest, hole, 0);
+      if (hole) os_unmap(dest, hole);
+      unit_map_set(dest + hole_end, need - hole_end, 0);
+      if (hole_end < need) os_unmap(dest + hole_end, need - hole_end);
+      dest = NULL;
       moving = false;
-      len = need - at;
       break;
     }
     at += len;
@@ -529,7 +531,9 @@ void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growin
   if (offset == MAPPED_BLOCK_OFFSET)
     got = mapping_cache_take((unsigned)(arena - arenas), need, growing);
   *zeroed = !got.base;
-  if (!got.base && align <= FM_MAPPED_ALIGN) got = (mapping){map_fresh(need), need};
+  if (!got.base && align <= FM_MAPPED_ALIGN)   /* (map_fresh's fallback: unit-aligned) */
+    got = (mapping){align <= FM_UNIT_SIZE ? map_fresh(need) : os_map_aligned(need, FM_MAPPED_ALIGN),
+                    need};
   if (!got.base) {   /* (a bigger alignment, or short of address space: no rounding) */
     need = round_unit(offset + size);
     got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};

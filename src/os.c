@@ -76,10 +76,6 @@ void *os_map_aligned(size_t size, size_t align) {
   return p;
 }
 
-bool os_map_over(void *addr, size_t size) {
-  return os_mmap(addr, size, PROT_READ | PROT_WRITE, MAP_FIXED) != NULL;   /* counted already */
-}
-
 void os_unmap(void *addr, size_t size) {
   os_unmap_uncounted(addr, size);
   mapped_add(-size);

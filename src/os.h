@@ -7,8 +7,6 @@
 
 void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
 void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
-/* Maps fresh zeroed pages over [addr, addr + size), a range of a mapping of ours. */
-bool os_map_over(void *addr, size_t size);
 void os_unmap(void *addr, size_t size);
 bool os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once, and
                                                       they read zero; false if the OS refused */
