@@ -107,13 +107,6 @@ static size_t round_mapping(size_t n) {
   return (n + FM_MAPPED_ALIGN - 1) & ~(FM_MAPPED_ALIGN - 1);
 }
 
-/* A fresh mapping of size bytes for mapped blocks: aligned to FM_MAPPED_ALIGN, or to the
- * unit where address space is short (ulimit -v). */
-static char *map_fresh(size_t size) {
-  char *base = os_map_aligned(size, FM_MAPPED_ALIGN);
-  return base ? base : os_map_aligned(size, FM_UNIT_SIZE);
-}
-
 static mapped_header *header_of(const void *p) { return (mapped_header *)p - 1; }
 
 /* The header of live block p, or a fatal report: op, or freed_op for a block freed already
@@ -289,7 +282,7 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
     return NULL;
   }
   /* Map the destination first, where a limit can refuse cleanly, then move the pages. */
-  char *dest = map_fresh(size);
+  char *dest = os_map_aligned(size, FM_MAPPED_ALIGN);
   if (!dest) return mapping_move_tight(base, old, size);
   if (!unit_map_set(dest, size, FM_CLASS_MAPPED)) {
     os_unmap(dest, size);
@@ -335,8 +328,9 @@ static unsigned compose_sources(mapping_cache *c, size_t need, source *src) {
     source s = {c->slot[big].m, c->slot[big].freed_ns, *starts_of(c->slot[big].m.base), 0};
     s.len = need - covered < s.m.map_size ? need - covered : s.m.map_size;
     if (s.len < need - covered) s.len &= ~(FM_MAPPED_ALIGN - 1);   /* the next starts aligned */
-    if (!s.len || pieces + pieces_within(&s.starts, s.len) > PIECES_MAX - 1) break;
-    pieces += pieces_within(&s.starts, s.len);
+    unsigned used = pieces_within(&s.starts, s.len);
+    if (!s.len || pieces + used > PIECES_MAX - 1) break;
+    pieces += used;
     covered += s.len;
     cache_remove(c, (unsigned)big);
     src[n++] = s;
@@ -372,7 +366,7 @@ static mapping compose(mapping_cache *c, size_t need, bool threaded) {
   unsigned n = compose_sources(c, need, src);
   lock_release(&c->lock, threaded);
   if (!n) return (mapping){NULL, 0};
-  char *dest = map_fresh(need);
+  char *dest = os_map_aligned(need, FM_MAPPED_ALIGN);
   if (dest && !unit_map_set(dest, need, FM_CLASS_MAPPED)) {
     os_unmap(dest, need);
     dest = NULL;
@@ -387,7 +381,8 @@ static mapping compose(mapping_cache *c, size_t need, bool threaded) {
     if (len < s->m.map_size) keep_rest(c, s, len, threaded);
     if (!len) continue;
     unit_map_set(s->m.base, len, 0);
-    for (unsigned i = 0; i < pieces_within(&s->starts, len); i++) {
+    unsigned used = pieces_within(&s->starts, len);
+    for (unsigned i = 0; i < used; i++) {
       size_t from = piece_begin(&s->starts, i), to = piece_end(&s->starts, i, s->m.map_size);
       if (to > len) to = len;
       if (at + from) starts.unit[count++] = (uint16_t)((at + from) >> FM_UNIT_SHIFT);
@@ -531,9 +526,8 @@ void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growin
   if (offset == MAPPED_BLOCK_OFFSET)
     got = mapping_cache_take((unsigned)(arena - arenas), need, growing);
   *zeroed = !got.base;
-  if (!got.base && align <= FM_MAPPED_ALIGN)   /* (map_fresh's fallback: unit-aligned) */
-    got = (mapping){align <= FM_UNIT_SIZE ? map_fresh(need) : os_map_aligned(need, FM_MAPPED_ALIGN),
-                    need};
+  if (!got.base && align <= FM_MAPPED_ALIGN)
+    got = (mapping){os_map_aligned(need, FM_MAPPED_ALIGN), need};
   if (!got.base) {   /* (a bigger alignment, or short of address space: no rounding) */
     need = round_unit(offset + size);
     got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};

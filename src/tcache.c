@@ -97,13 +97,18 @@ static int32_t bin_capacity(const fm_tcache *tc, unsigned cls) {
   return (int32_t)(end - tc->low[cls]);
 }
 
+/* Sets bin cls's top on a slow path, and with it the bin's room. */
+static void bin_set_top(fm_tcache *tc, unsigned cls, void **top) {
+  tc->top[cls] = top;
+  room_set(tc, cls);
+}
+
 /* Bin cls's bounds, with its sentinel below low. */
 static void bin_place(fm_tcache *tc, unsigned cls, void **low, int32_t count, int32_t limit) {
   low[-1] = (void *)bin_sentinel;
   tc->low[cls] = low;
-  tc->top[cls] = low + count;
   tc->limit[cls] = limit;
-  room_set(tc, cls);
+  bin_set_top(tc, cls, low + count);
 }
 
 static void bins_set_sentinels(fm_tcache *tc) {
@@ -158,8 +163,7 @@ static void flush_top(fm_tcache *tc, unsigned cls, int32_t n) {
   void **from = tc->top[cls] - n;
   bin_blocks_leave(from, (size_t)n, cls);
   arena_free_blocks(from, (size_t)n, tc->arena);
-  tc->top[cls] = from;
-  room_set(tc, cls);
+  bin_set_top(tc, cls, from);
 }
 
 /* Sets bin cls's limit, under the byte accounting: the blocks beyond it go back. */
@@ -346,8 +350,7 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
     low[i] = bin_recycled(low[i]);
     mark_set(low[i], &low[i]);
   }
-  tc->top[cls] = low + got;
-  room_set(tc, cls);
+  bin_set_top(tc, cls, low + got);
   return true;
 }
 
@@ -361,8 +364,7 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
   if (n + count > FM_FREE_ONLY_BATCH) return n;   /* it waits for the next batch */
   bin_blocks_leave(tc->low[cls], count, cls);
   memcpy(batch + n, tc->low[cls], count * sizeof(void *));
-  tc->top[cls] = tc->low[cls];
-  room_set(tc, cls);
+  bin_set_top(tc, cls, tc->low[cls]);
   return n + count;
 }
 
@@ -407,8 +409,7 @@ static void flush_all(fm_tcache *tc) {
     bin_blocks_leave(tc->low[cls], (size_t)count, cls);
     if (count) memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
     end += count;
-    tc->top[cls] = tc->low[cls];
-    room_set(tc, cls);
+    bin_set_top(tc, cls, tc->low[cls]);
   }
   if (end > start) arena_free_blocks(start, (size_t)(end - start), tc->arena);
   bins_set_sentinels(tc);
