@@ -208,13 +208,18 @@ static void *nss_forker(void *arg) {
 
 static void *looker(void *arg) {
   pthread_barrier_wait(&round_start);
+  /* The _r forms: getpwnam's static result is rewritten by the other lookers meanwhile. */
+  char buffer[4096];
+  struct passwd entry, *pw;
   for (int i = 0; i < NSS_LOOKUPS; i++) {
-    struct passwd *pw = getpwnam("root");
-    if (!pw || pw->pw_uid != 0) failed("getpwnam(\"root\") failed, errno", errno);
-    pw = getpwuid(0);
-    if (!pw || strcmp(pw->pw_name, "root") != 0) failed("getpwuid(0) failed, errno", errno);
+    int rc = getpwnam_r("root", &entry, buffer, sizeof buffer, &pw);
+    if (rc || !pw) failed("getpwnam_r(\"root\") found nothing, error", rc);
+    else if (pw->pw_uid != 0) failed("getpwnam_r(\"root\") gave uid", pw->pw_uid);
+    rc = getpwuid_r(0, &entry, buffer, sizeof buffer, &pw);
+    if (rc || !pw) failed("getpwuid_r(0) found nothing, error", rc);
+    else if (strcmp(pw->pw_name, "root") != 0) failed("getpwuid_r(0) gave another name", 0);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int rc = getaddrinfo("localhost", "80", &hints, &res);
+    rc = getaddrinfo("localhost", "80", &hints, &res);
     if (rc) failed("getaddrinfo(\"localhost\") failed, code", rc);
     else freeaddrinfo(res);
     atomic_fetch_add(&lookups, 1);
@@ -223,6 +228,7 @@ static void *looker(void *arg) {
 }
 
 static void nss_round(void) {
+  atomic_store(&failures, 0); /* the parent's count of failed rounds is not this round's */
   pthread_t f[NSS_FORKERS], l[NSS_LOOKERS];
   pthread_barrier_init(&round_start, NULL, NSS_FORKERS + NSS_LOOKERS);
   for (uintptr_t i = 0; i < NSS_FORKERS; i++)
