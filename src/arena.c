@@ -45,12 +45,44 @@ void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full) {
   }
 }
 
+/* An arena that makes `units` clean units resident purges as many dirty free units of
+ * the other arenas, beyond FM_DIRTY_FREE_UNITS_KEPT each, the highest first (busy arenas
+ * are skipped). Threads come and go and the load moves between arenas, and each arena
+ * keeps the pages its threads freed until they stay free a whole purge tick: without this
+ * a heap's RSS approaches the sum of every arena's high-water mark. An arena that recycles
+ * its own free units purges nothing. */
+static void arena_offset_growth(fm_arena *arena, unsigned units) {
+  bool threaded = lock_threaded();
+  for (unsigned i = 0; i < arena_count && units; i++) {
+    fm_arena *other = &arenas[i];
+    if (other == arena || !other->chunks || !lock_try(&other->lock, threaded)) continue;
+    unsigned dirty = 0;
+    fm_chunk *highest = other->chunks;
+    for (fm_chunk *chunk = other->chunks; chunk; chunk = chunk->next) {
+      dirty += chunk_dirty_free_units(chunk);
+      highest = chunk;
+    }
+    unsigned excess = dirty > FM_DIRTY_FREE_UNITS_KEPT ? dirty - FM_DIRTY_FREE_UNITS_KEPT : 0;
+    if (excess > units) excess = units;
+    for (fm_chunk *chunk = highest; chunk && excess; chunk = chunk->prev) {
+      unsigned purged = chunk_purge_highest(chunk, excess);
+      other->counters.bytes_purged += (size_t)purged * FM_UNIT_SIZE;
+      excess -= purged;
+      units -= purged;
+    }
+    lock_release(&other->lock, threaded);
+  }
+}
+
 /* A span of `units` units from chunk, which goes to the full list if it has no free unit
  * left; NULL when it has no room. */
 static fm_span *arena_take_span_in(fm_arena *arena, fm_chunk *chunk, unsigned units, unsigned cls,
                                    bool resident_only) {
-  fm_span *span = chunk_take_span(chunk, units, cls, resident_only);
-  if (span) arena_relist_chunk(arena, chunk, false);
+  unsigned clean;
+  fm_span *span = chunk_take_span(chunk, units, cls, resident_only, &clean);
+  if (!span) return NULL;
+  arena_relist_chunk(arena, chunk, false);
+  if (clean) arena_offset_growth(arena, clean);
   return span;
 }
 
@@ -240,20 +272,28 @@ void arena_unlock_after_free(fm_arena *arena, bool threaded) {
 }
 
 /* An empty span stays with its class for a purge tick (FM_KEPT_SPAN_BYTES of a size
- * class, FM_KEPT_SPANS_OTHER spans of span blocks or of pages), so a class whose spans keep
- * emptying and refilling does not churn through its chunk; then it is purged at once,
- * having aged already. When the class keeps its most, the highest of them and this one
- * goes back to its chunk. (A page span leaves its list first.) */
+ * class, FM_KEPT_PAGE_SPANS page spans, FM_KEPT_SPAN_BLOCK_UNITS of span blocks), so a
+ * class whose spans keep emptying and refilling does not churn through its chunk; then it
+ * is purged at once, having aged already. When the class keeps its most, the highest of
+ * them and this one goes back to its chunk (a span block: this one). (A page span leaves
+ * its list first.) */
 void arena_span_emptied(fm_arena *arena, fm_span *span) {
   unsigned cls = span->cls;
   if (span->listed) partial_remove(arena, span);
-  bool keep = cls > FM_NUM_SPAN_CLASSES
-                  ? arena->empty_count[cls] < FM_KEPT_SPANS_OTHER
-                  : (size_t)arena->empty_count[cls] * span_bytes(span) < FM_KEPT_SPAN_BYTES;
+  bool keep;
+  if (cls == FM_CLASS_SPAN_BLOCK) {
+    unsigned units = span->units;   /* kept with those already kept */
+    for (fm_span *kept = arena->empty[cls]; kept; kept = kept->next) units += kept->units;
+    keep = units <= FM_KEPT_SPAN_BLOCK_UNITS;
+  } else {
+    keep = cls == FM_CLASS_PAGES
+               ? arena->empty_count[cls] < FM_KEPT_PAGE_SPANS
+               : (size_t)arena->empty_count[cls] * span_bytes(span) < FM_KEPT_SPAN_BYTES;
+  }
   if (!keep) {
     fm_span *highest = arena->empty[cls];
     while (highest && highest->next) highest = highest->next;
-    if (!highest || highest < span) {
+    if (!highest || highest < span || cls == FM_CLASS_SPAN_BLOCK) {
       arena_give_back_span(arena, span, false);
       return;
     }

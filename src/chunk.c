@@ -91,12 +91,14 @@ static void units_give_back(fm_chunk *chunk, unsigned first, unsigned count, boo
   if (!purged) chunk->dirty_units |= bits;
 }
 
-fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only) {
+fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only,
+                         unsigned *clean) {
   /* Prefer units that are still resident: no page faults, no RSS growth. */
   int first = find_run(chunk->free_units & chunk->dirty_units, units);
   if (first < 0 && !resident_only) first = find_run(chunk->free_units, units);
   if (first < 0) return NULL;
-  bool zeroed = !(unit_bits((unsigned)first, units) & chunk->dirty_units);
+  *clean = (unsigned)__builtin_popcountll(unit_bits((unsigned)first, units) & ~chunk->dirty_units);
+  bool zeroed = *clean == units;
   units_take(chunk, (unsigned)first, (unsigned)first, units, cls);
   fm_span *span = &chunk->spans[first];
   span->units = (uint8_t)units;
@@ -141,6 +143,28 @@ bool chunk_resize_span_block(fm_span *span, unsigned units) {
   span->units = (uint8_t)units;
   span_set_block_size(span, span_bytes(span));
   return true;
+}
+
+unsigned chunk_dirty_free_units(const fm_chunk *chunk) {
+  return (unsigned)__builtin_popcountll(chunk->free_units & chunk->dirty_units);
+}
+
+unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most) {
+  uint64_t dirty = chunk->free_units & chunk->dirty_units;
+  unsigned purged = 0;
+  while (dirty && purged < most) {
+    unsigned end = 64 - (unsigned)__builtin_clzll(dirty);   /* past the highest run */
+    unsigned len = (unsigned)__builtin_clzll(~(dirty << (64 - end)));   /* (unit 0 is never free) */
+    if (len > most - purged) len = most - purged;
+    uint64_t bits = unit_bits(end - len, len);
+    if (!os_purge((char *)chunk + (size_t)(end - len) * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE))
+      break;   /* the OS kept them: they stay dirty */
+    chunk->dirty_units &= ~bits;
+    chunk->stale_units &= ~bits;
+    purged += len;
+    dirty &= ~bits;
+  }
+  return purged;
 }
 
 size_t chunk_purge(fm_chunk *chunk, bool force) {

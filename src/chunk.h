@@ -143,14 +143,20 @@ fm_chunk *chunk_init(void *memory, struct fm_arena *arena, uint32_t generation);
 void chunk_delete(fm_chunk *chunk);
 /* A span of `units` free units of chunk (only units whose pages may still be resident,
  * when resident_only), or NULL; unit-map entries are set to cls. Free units are dirty (their
- * pages may hold data) unless never used or purged since. */
-fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only);
+ * pages may hold data) unless never used or purged since; *clean: how many it took that
+ * were not. */
+fm_span *chunk_take_span(fm_chunk *chunk, unsigned units, unsigned cls, bool resident_only,
+                         unsigned *clean);
 /* Frees the span's units; purged says their pages were already given back to the OS. */
 void chunk_give_back_span(fm_span *span, bool purged);
 /* Resizes the span of a large block in place to `units` units: it takes the free units
  * that follow it (false when one of them is not free, or the chunk ends first), or gives
  * back its last ones, dirty. Its unit-map entries follow. */
 bool chunk_resize_span_block(fm_span *span, unsigned units);
+/* The free units whose pages may still be resident. */
+unsigned chunk_dirty_free_units(const fm_chunk *chunk);
+/* Purges up to `most` dirty free units, the highest first; returns how many it purged. */
+unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
  * and starts the next generation (a tick's: sparse_ticks too, unless force); returns
  * bytes purged. */

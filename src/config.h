@@ -57,10 +57,17 @@
 /* Span blocks (one block a span) up to this many units, 1 MiB; larger blocks are mapped. */
 #define FM_SPAN_BLOCK_UNITS_MAX 16
 /* An empty span waits a purge tick with its class, so a class that empties and refills
- * does not churn through its chunk: up to 4 MiB of spans a size class, 16 spans of span
- * blocks or of page blocks. */
+ * does not churn through its chunk: up to 4 MiB of spans a size class, 16 page spans, and
+ * 1 MiB of span blocks (a loop of one size reuses its span; blocks of changing sizes
+ * find the units in the chunk, where freed neighbours join). */
 #define FM_KEPT_SPAN_BYTES ((size_t)4 << 20)
-#define FM_KEPT_SPANS_OTHER 16
+#define FM_KEPT_PAGE_SPANS 16
+#define FM_KEPT_SPAN_BLOCK_UNITS 16
+/* Dirty free units an arena keeps when another arena grows (arena_offset_growth): 8 MiB
+ * of slack for its own next spans. Less costs page faults: an arena whose units are
+ * purged faults them in again when its threads grow back (with 4 MiB, twice the pages
+ * purged in a many-thread stress, and a fifth more time). */
+#define FM_DIRTY_FREE_UNITS_KEPT 128
 
 /* Mapped blocks' mappings: sizes and starts are multiples of 2 MiB, the reach of one page
  * table, which mremap moves whole (pages moved a table at a time are as fast to use as
