@@ -45,31 +45,43 @@ void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full) {
   }
 }
 
+void arena_count_dirty(fm_arena *arena, unsigned before, unsigned after) {
+  __atomic_store_n(&arena->dirty_free_units, arena->dirty_free_units - before + after,
+                   __ATOMIC_RELAXED);
+}
+
 /* An arena that makes `units` clean units resident purges as many dirty free units of
  * the other arenas, beyond FM_DIRTY_FREE_UNITS_KEPT each, the highest first (busy arenas
- * are skipped). Threads come and go and the load moves between arenas, and each arena
- * keeps the pages its threads freed until they stay free a whole purge tick: without this
- * a heap's RSS approaches the sum of every arena's high-water mark. An arena that recycles
- * its own free units purges nothing. */
+ * are skipped, and until its next tick one whose purge the OS refused). Threads come and
+ * go and the load moves between arenas, and each arena keeps the pages its threads freed
+ * until they stay free a whole purge tick: without this a heap's RSS approaches the sum of
+ * every arena's high-water mark. An arena that reuses its own dirty units purges nothing.
+ * (A unit counts whole: a page span's first block costs another arena 64 KiB.) */
 static void arena_offset_growth(fm_arena *arena, unsigned units) {
   bool threaded = lock_threaded();
   for (unsigned i = 0; i < arena_count && units; i++) {
     fm_arena *other = &arenas[i];
-    if (other == arena || !other->chunks || !lock_try(&other->lock, threaded)) continue;
-    unsigned dirty = 0;
-    fm_chunk *highest = other->chunks;
-    for (fm_chunk *chunk = other->chunks; chunk; chunk = chunk->next) {
-      dirty += chunk_dirty_free_units(chunk);
-      highest = chunk;
-    }
-    unsigned excess = dirty > FM_DIRTY_FREE_UNITS_KEPT ? dirty - FM_DIRTY_FREE_UNITS_KEPT : 0;
+    if (other == arena ||
+        __atomic_load_n(&other->dirty_free_units, __ATOMIC_RELAXED) <= FM_DIRTY_FREE_UNITS_KEPT ||
+        !lock_try(&other->lock, threaded))
+      continue;
+    unsigned dirty = other->dirty_free_units;   /* (now under its lock) */
+    bool refused_lately = other->offset_refused == other->purge_epoch + 1;
+    unsigned excess =
+        dirty > FM_DIRTY_FREE_UNITS_KEPT && !refused_lately ? dirty - FM_DIRTY_FREE_UNITS_KEPT : 0;
     if (excess > units) excess = units;
-    for (fm_chunk *chunk = highest; chunk && excess; chunk = chunk->prev) {
-      unsigned purged = chunk_purge_highest(chunk, excess);
+    fm_chunk *highest = other->chunks;
+    while (excess && highest && highest->next) highest = highest->next;
+    bool refused = false;
+    for (fm_chunk *chunk = highest; chunk && excess && !refused; chunk = chunk->prev) {
+      unsigned before = chunk_dirty_free_units(chunk);
+      unsigned purged = chunk_purge_highest(chunk, excess, &refused);
+      arena_count_dirty(other, before, before - purged);
       other->counters.bytes_purged += (size_t)purged * FM_UNIT_SIZE;
       excess -= purged;
       units -= purged;
     }
+    if (refused) other->offset_refused = other->purge_epoch + 1;
     lock_release(&other->lock, threaded);
   }
 }
@@ -78,9 +90,10 @@ static void arena_offset_growth(fm_arena *arena, unsigned units) {
  * left; NULL when it has no room. */
 static fm_span *arena_take_span_in(fm_arena *arena, fm_chunk *chunk, unsigned units, unsigned cls,
                                    bool resident_only) {
-  unsigned clean;
+  unsigned clean, before = chunk_dirty_free_units(chunk);
   fm_span *span = chunk_take_span(chunk, units, cls, resident_only, &clean);
   if (!span) return NULL;
+  arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
   arena_relist_chunk(arena, chunk, false);
   if (clean) arena_offset_growth(arena, clean);
   return span;
@@ -98,7 +111,9 @@ static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, b
 static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   bool was_full = !chunk->free_units;
+  unsigned before = chunk_dirty_free_units(chunk);
   chunk_give_back_span(span, purged);
+  arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
   arena_relist_chunk(arena, chunk, was_full);
 }
 
@@ -199,7 +214,17 @@ fm_span *arena_reuse_or_take_span(fm_arena *arena, unsigned cls, unsigned units)
  * empty for a whole tick. Each call reads the (coarse, vDSO) clock, about 3 ns: a program
  * that reaches its arena seldom still sees its memory go back on time. The same tick
  * visits the arenas that nobody frees into any more (a finished thread's), unless busy. */
+#if FM_DEBUG
+static unsigned dirty_free_units_counted(const fm_arena *arena) {
+  unsigned units = 0;   /* (chunks on the full list have no free unit) */
+  for (const fm_chunk *chunk = arena->chunks; chunk; chunk = chunk->next)
+    units += chunk_dirty_free_units(chunk);
+  return units;
+}
+#endif
+
 static void arena_tick(fm_arena *arena, uint64_t now) {
+  fm_assert(arena->dirty_free_units == dirty_free_units_counted(arena));
   /* (other arenas' ticks read it without the lock: a hint) */
   __atomic_store_n(&arena->next_purge_ns, now + options.purge_delay_ns, __ATOMIC_RELAXED);
   /* (threads' idle sweeps read it without the lock) */
@@ -342,6 +367,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
      * lock against every page fault of every thread, and a purged chunk costs no RSS. */
     bool empty = chunk->free_units == FM_CHUNK_ALL_UNITS;
     if (empty && (all || (!chunk->dirty_units && empty_kept++ >= FM_EMPTY_CHUNKS_KEPT))) {
+      arena_count_dirty(arena, chunk_dirty_free_units(chunk), 0);
       LIST_REMOVE(&arena->chunks, chunk);
       unit_map_set(chunk, FM_UNIT_SIZE, 0);
       chunk_delete(chunk);
@@ -350,7 +376,11 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
       shrank |= !all;
       continue;
     }
-    if (pages) released += chunk_purge(chunk, all);
+    if (pages) {
+      unsigned before = chunk_dirty_free_units(chunk);
+      released += chunk_purge(chunk, all);
+      arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
+    }
   }
   /* The chunks mapped ahead go too when a tick found the heap shrunk, which needs none of
    * them, and when out of address space. Trim leaves them: trimming programs would map

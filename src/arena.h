@@ -19,7 +19,7 @@ typedef struct arena_counters {
   uint64_t blocks_from_other_arenas;       /* of those, freed by a thread of another arena */
   uint64_t page_blocks_taken, page_blocks_given;
   uint64_t span_blocks_taken;
-  uint64_t bytes_purged;                   /* purged or unmapped by arena_purge */
+  uint64_t bytes_purged;   /* purged or unmapped by arena_purge, purged for other arenas' growth */
 } arena_counters;
 
 typedef struct fm_arena {
@@ -43,6 +43,10 @@ typedef struct fm_arena {
   uint64_t next_purge_ns;  /* when the next purge tick is due */
   uint64_t purge_epoch;    /* purge ticks so far */
   uint64_t uses_seen;      /* the purge thread's last look at arena_uses */
+  /* Free units whose pages may be resident, over its chunks (other arenas read it without
+   * the lock: a hint). */
+  uint32_t dirty_free_units;
+  uint64_t offset_refused;   /* purge_epoch + 1 when the OS refused a growth's purge here */
   bool idle_purged;        /* it purged everything since the arena was last used */
   arena_counters counters;
 } __attribute__((aligned(64))) fm_arena;

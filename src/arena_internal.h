@@ -55,6 +55,10 @@ static inline void partial_remove(fm_arena *arena, fm_span *span) {
   span->listed = 0;
 }
 
+/* After a change to a chunk's units: its dirty free units were `before`, are `after`
+ * (arena->dirty_free_units follows). */
+void arena_count_dirty(fm_arena *arena, unsigned before, unsigned after);
+
 /* A span of class cls and `units` units: one the class kept empty, or a new one. */
 fm_span *arena_reuse_or_take_span(fm_arena *arena, unsigned cls, unsigned units);
 /* A span that has become empty: kept a while with its class, or given back to its chunk. */

@@ -29,8 +29,12 @@ bool arena_resize_span_block(void *p, size_t size) {
   lock_take(&arena->lock, threaded);
   fm_assert(p == span->start && span->used == 1 && span->cls == FM_CLASS_SPAN_BLOCK);
   bool was_full = !chunk->free_units;
+  unsigned before = chunk_dirty_free_units(chunk);
   bool resized = !in_abandoned_chunk(arena, p) && chunk_resize_span_block(span, (unsigned)units);
-  if (resized) arena_relist_chunk(arena, chunk, was_full);
+  if (resized) {
+    arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
+    arena_relist_chunk(arena, chunk, was_full);
+  }
   lock_release(&arena->lock, threaded);
   return resized;
 }

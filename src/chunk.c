@@ -149,7 +149,7 @@ unsigned chunk_dirty_free_units(const fm_chunk *chunk) {
   return (unsigned)__builtin_popcountll(chunk->free_units & chunk->dirty_units);
 }
 
-unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most) {
+unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most, bool *refused) {
   uint64_t dirty = chunk->free_units & chunk->dirty_units;
   unsigned purged = 0;
   while (dirty && purged < most) {
@@ -157,8 +157,10 @@ unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most) {
     unsigned len = (unsigned)__builtin_clzll(~(dirty << (64 - end)));   /* (unit 0 is never free) */
     if (len > most - purged) len = most - purged;
     uint64_t bits = unit_bits(end - len, len);
-    if (!os_purge((char *)chunk + (size_t)(end - len) * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE))
-      break;   /* the OS kept them: they stay dirty */
+    if (!os_purge((char *)chunk + (size_t)(end - len) * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE)) {
+      *refused = true;   /* the OS kept them: they stay dirty */
+      break;
+    }
     chunk->dirty_units &= ~bits;
     chunk->stale_units &= ~bits;
     purged += len;

@@ -155,8 +155,9 @@ void chunk_give_back_span(fm_span *span, bool purged);
 bool chunk_resize_span_block(fm_span *span, unsigned units);
 /* The free units whose pages may still be resident. */
 unsigned chunk_dirty_free_units(const fm_chunk *chunk);
-/* Purges up to `most` dirty free units, the highest first; returns how many it purged. */
-unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most);
+/* Purges up to `most` dirty free units, the highest first; returns how many it purged.
+ * *refused: set when the OS refused a purge. */
+unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most, bool *refused);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
  * and starts the next generation (a tick's: sparse_ticks too, unless force); returns
  * bytes purged. */

@@ -5,6 +5,8 @@
  * near one heap's, not two. Run with FASTMALLOC_ARENAS=2 and FASTMALLOC_PURGE_DELAY_MS=60000.
  * Exit 0 on success, 1 on failure; 2 when the heap or the RSS cannot be had. */
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 
 enum { BLOCKS = 128, BLOCK_SIZE = 512 << 10, MIB = 1 << 20 };
 static void *blocks[BLOCKS];
+static uintptr_t other_blocks[BLOCKS];   /* where the thread's blocks were */
 
 /* Allocates the blocks and writes every byte; false when out of memory. */
 static int fill(unsigned char value) {
@@ -29,6 +32,7 @@ static void free_all(void) {
 
 static void *other_arena_heap(void *ok) {
   *(int *)ok = fill(0x5a);
+  for (int i = 0; i < BLOCKS; i++) other_blocks[i] = (uintptr_t)blocks[i];
   if (*(int *)ok) free_all();
   return NULL;
 }
@@ -42,11 +46,20 @@ int main(void) {
   size_t rss_freed = probe_rss();
   if (!ok || !fill(0xa5)) return 2;
   size_t rss_grown = probe_rss();
+  bool same_arena = false;   /* then this heap reused the thread's: nothing to measure */
+  for (int i = 0; i < BLOCKS; i++)
+    for (int j = 0; j < BLOCKS; j++)
+      same_arena |= (uintptr_t)blocks[i] < other_blocks[j] + BLOCK_SIZE &&
+                    other_blocks[j] < (uintptr_t)blocks[i] + BLOCK_SIZE;
   free_all();
   if (!rss_start || !rss_grown) return 2;
   printf("arena growth: rss %zu KiB at start, %zu with the other arena's 64 MiB freed, %zu "
          "with this arena's 64 MiB\n",
          rss_start >> 10, rss_freed >> 10, rss_grown >> 10);
+  if (same_arena) {
+    printf("this thread's blocks took the other thread's places: one arena, nothing measured\n");
+    return 2;
+  }
   if (rss_freed < rss_start + 48 * (size_t)MIB) {
     printf("the freed heap was purged before this arena grew: the probe measures nothing\n");
     return 2;
