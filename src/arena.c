@@ -96,6 +96,7 @@ static fm_span *arena_take_span_in(fm_arena *arena, fm_chunk *chunk, unsigned un
   arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
   arena_relist_chunk(arena, chunk, false);
   if (clean) arena_offset_growth(arena, clean);
+  arena->counters.spans_taken++;
   return span;
 }
 

@@ -20,6 +20,7 @@ typedef struct arena_counters {
   uint64_t page_blocks_taken, page_blocks_given;
   uint64_t span_blocks_taken;
   uint64_t bytes_purged;   /* purged or unmapped by arena_purge, purged for other arenas' growth */
+  uint64_t spans_taken;    /* from the chunks: new spans, not kept ones of the class again */
 } arena_counters;
 
 typedef struct fm_arena {
@@ -77,9 +78,11 @@ void arena_tick_all(void);
  * page was purged since, and it reads zero), and the caller checks that nothing wrote
  * there since (tcache.h). With zeroed (for calloc), when the first block reads zero (it
  * was not handed out since its span's units were zero), it is the only one taken, and
- * *zeroed is set. */
+ * *zeroed is set. *grew (when grew is not NULL) says whether a new span took units that
+ * were not resident: the heap's RSS grew. */
 #define FM_BLOCK_RECYCLED 1
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed);
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
+                           bool *grew);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
  * acquisition per owning arena, however they are mixed. Reorders blocks[]. home: the
  * freeing thread's arena (NULL: none), for the counters. */

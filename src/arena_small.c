@@ -35,10 +35,12 @@ static void tag_recycled(void **blocks, uint32_t n, char *issued) {
     blocks[i] = (char *)blocks[i] + FM_BLOCK_RECYCLED;
 }
 
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed) {
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
+                           bool *grew) {
   bool threaded = lock_threaded();
   lock_take(&arena->lock, threaded);
   arena->counters.refills++;
+  uint64_t spans_taken = arena->counters.spans_taken;
   size_t size = size_class_stride[cls];   /* distance between blocks */
   unsigned got = 0;
   if (zeroed) *zeroed = false;
@@ -82,6 +84,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     arena->counters.blocks_refilled += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
   }
+  if (grew) *grew = arena->counters.spans_taken != spans_taken;
   lock_release(&arena->lock, threaded);
   if (got < want) memmove(out, out + (want - got), got * sizeof(void *));
   return got;

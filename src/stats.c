@@ -109,6 +109,7 @@ static void heap_read(heap *h) {
     to->page_blocks_given += from->page_blocks_given;
     to->span_blocks_taken += from->span_blocks_taken;
     to->bytes_purged += from->bytes_purged;
+    to->spans_taken += from->spans_taken;
   }
   mapped_figures(&h->mapped);
 }
@@ -135,7 +136,9 @@ static void report(out *o, const heap *h) {
   put_u64(o, c->refills, 0);
   put(o, " (");
   put_u64(o, c->blocks_refilled, 0);
-  put(o, " blocks), flushes ");
+  put(o, " blocks), new spans ");
+  put_u64(o, c->spans_taken, 0);
+  put(o, ", flushes ");
   put_u64(o, c->flushes, 0);
   put(o, " (");
   put_u64(o, c->blocks_flushed, 0);

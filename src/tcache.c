@@ -329,6 +329,19 @@ fm_arena *tcache_arena_for_large(void) {
 
 /* ---- refill and flush ---- */
 
+/* The heap grew for bin `growing`: every other bin that holds more than a refill brings
+ * (blocks the thread freed and has not used again) gives them all back. Scattered over
+ * their spans, they would keep every one of them from emptying, so a program that frees
+ * one structure and builds another of other sizes would build it in new memory; given
+ * back, the spans empty and the arena hands their units to the growing class. A bin
+ * holding one refill or less, as the bins of a heap that grows in several classes at
+ * once do, keeps its blocks. */
+static void release_freed_blocks(fm_tcache *tc, unsigned growing) {
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
+    if (cls != growing && bin_count(tc, cls) > (int32_t)refill_max[cls])
+      flush_top(tc, cls, bin_count(tc, cls));
+}
+
 /* zeroed: for calloc (see arena_alloc_batch); when set, the bin stays empty and the one
  * block taken is at its low end. */
 static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
@@ -342,15 +355,18 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   unsigned want = (unsigned)(bin_limit(tc, cls) + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
   void **low = tc->low[cls];
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, low, zeroed);
+  bool grew;
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, low, zeroed, &grew);
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
-  if (zeroed && *zeroed) return true;   /* (a block never handed out: no tag, no mark) */
-  for (unsigned i = 0; i < got; i++) {
-    low[i] = bin_recycled(low[i]);
-    mark_set(low[i], &low[i]);
+  if (!zeroed || !*zeroed) {   /* (a block never handed out has no tag and needs no mark) */
+    for (unsigned i = 0; i < got; i++) {
+      low[i] = bin_recycled(low[i]);
+      mark_set(low[i], &low[i]);
+    }
+    bin_set_top(tc, cls, low + got);
   }
-  bin_set_top(tc, cls, low + got);
+  if (grew) release_freed_blocks(tc, cls);
   return true;
 }
 
@@ -470,7 +486,7 @@ void tcache_after_fork_child(void) {
 /* One block straight from the arena, for threads whose cache is gone. */
 static void *arena_malloc_one(unsigned cls) {
   void *block;
-  if (!arena_alloc_batch(&arenas[0], cls, 1, &block, NULL)) return NULL;
+  if (!arena_alloc_batch(&arenas[0], cls, 1, &block, NULL, NULL)) return NULL;
   return bin_recycled(block);
 }
 
