@@ -78,11 +78,11 @@ void arena_tick_all(void);
  * page was purged since, and it reads zero), and the caller checks that nothing wrote
  * there since (tcache.h). With zeroed (for calloc), when the first block reads zero (it
  * was not handed out since its span's units were zero), it is the only one taken, and
- * *zeroed is set. *grew (when grew is not NULL) says whether a new span took units that
- * were not resident: the heap's RSS grew. */
+ * *zeroed is set. *took_span (when took_span is not NULL) says whether the batch took a
+ * span from the chunks: a new one, not one its class kept. */
 #define FM_BLOCK_RECYCLED 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
-                           bool *grew);
+                           bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
  * acquisition per owning arena, however they are mixed. Reorders blocks[]. home: the
  * freeing thread's arena (NULL: none), for the counters. */

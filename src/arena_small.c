@@ -36,7 +36,7 @@ static void tag_recycled(void **blocks, uint32_t n, char *issued) {
 }
 
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
-                           bool *grew) {
+                           bool *took_span) {
   bool threaded = lock_threaded();
   lock_take(&arena->lock, threaded);
   arena->counters.refills++;
@@ -84,7 +84,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     arena->counters.blocks_refilled += taken;
     if (span->used == span->capacity) partial_remove(arena, span);
   }
-  if (grew) *grew = arena->counters.spans_taken != spans_taken;
+  if (took_span) *took_span = arena->counters.spans_taken != spans_taken;
   lock_release(&arena->lock, threaded);
   if (got < want) memmove(out, out + (want - got), got * sizeof(void *));
   return got;

@@ -329,7 +329,7 @@ fm_arena *tcache_arena_for_large(void) {
 
 /* ---- refill and flush ---- */
 
-/* The heap grew for bin `growing`: every other bin that holds more than a refill brings
+/* Bin `growing` took a new span: every other bin that holds more than a refill brings
  * (blocks the thread freed and has not used again) gives them all back. Scattered over
  * their spans, they would keep every one of them from emptying, so a program that frees
  * one structure and builds another of other sizes would build it in new memory; given
@@ -355,18 +355,17 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   unsigned want = (unsigned)(bin_limit(tc, cls) + 1) / 2;
   if (want > refill_max[cls]) want = refill_max[cls];
   void **low = tc->low[cls];
-  bool grew;
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, low, zeroed, &grew);
+  bool took_span;
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, low, zeroed, &took_span);
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
-  if (!zeroed || !*zeroed) {   /* (a block never handed out has no tag and needs no mark) */
-    for (unsigned i = 0; i < got; i++) {
-      low[i] = bin_recycled(low[i]);
-      mark_set(low[i], &low[i]);
-    }
-    bin_set_top(tc, cls, low + got);
+  if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
+  if (zeroed && *zeroed) return true;   /* (a block never handed out: no tag, no mark) */
+  for (unsigned i = 0; i < got; i++) {
+    low[i] = bin_recycled(low[i]);
+    mark_set(low[i], &low[i]);
   }
-  if (grew) release_freed_blocks(tc, cls);
+  bin_set_top(tc, cls, low + got);
   return true;
 }
 
