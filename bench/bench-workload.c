@@ -936,6 +936,45 @@ static void bigfill(struct ctx *c)
     free(slot);
 }
 
+/* ---- scratch: a thread frees a block another thread made, then works in blocks of its own
+ * of that size. The main thread mallocs one small block per worker (neighbours, so in one
+ * cache line) and hands one to each; a worker frees it, then over and over mallocs a block,
+ * writes it many times and frees it. Workers handed back the blocks they were given, or
+ * their neighbours, write one cache line (false sharing). One worker per CPU (cpu_share). */
+#define SCRATCH_BLOCK 8
+
+struct scratch_arg {
+    char *given;
+    size_t rounds, writes;
+};
+
+static void *scratch_worker(void *arg)
+{
+    struct scratch_arg *a = arg;
+    free(a->given);
+    for (size_t r = 0; r < a->rounds; r++) {
+        volatile char *p = malloc(SCRATCH_BLOCK);
+        if (!p)
+            exit(1);
+        for (size_t w = 0; w < a->writes; w++)
+            for (int k = 0; k < SCRATCH_BLOCK; k++)
+                p[k] = (char)(p[k] + k);
+        free((void *)p);
+    }
+    return NULL;
+}
+
+static void scratch(struct ctx *c)
+{
+    int workers = cpu_share(c, 2);
+    struct scratch_arg *args = xmalloc(c, (size_t)workers * sizeof *args);
+    for (int i = 0; i < workers; i++)
+        args[i] = (struct scratch_arg){xmalloc(c, SCRATCH_BLOCK), 1000, scaled(c, 40000)};
+    run_threads(workers, scratch_worker, args, sizeof args[0]);
+    c->ops += (uint64_t)workers * args[0].rounds;
+    free(args);
+}
+
 /* ---- the table, the harness ---- */
 struct workload {
     const char *name;
@@ -961,6 +1000,7 @@ static const struct workload workloads[] = {
     {"mstress", mstress, NULL, "2 threads a CPU, restarted, blocks up to 1 MiB, some freed by others"},
     {"prodcons", prodcons, NULL, "producers malloc messages, consumers free them, many to many"},
     {"bigfill", bigfill, NULL, "blocks of 5..25 MiB replaced at random, each zero-filled"},
+    {"scratch", scratch, NULL, "threads free blocks made by another, then write their own"},
 };
 #define NWORKLOADS (sizeof workloads / sizeof workloads[0])
 

@@ -592,9 +592,14 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
     return cls == FM_CLASS_MAPPED ? mapped_free(p, thread_arena()) : arena_free_span_block(p);
   }
   if ((uintptr_t)p & 15) diag_fatal(DIAG_INVALID_FREE, p);
+  /* A thread whose first call is free was dealt the block by the thread that made it. In
+   * the bin it would be the block of this thread's first malloc, and of every one after
+   * (a bin is a stack), so the two threads would go on writing one cache line; it goes
+   * back to its span instead. */
+  bool foreign = tcache_tls.state == FM_TCACHE_BOOT;
   fm_tcache *tc = current();
   if (tcache_block_state(p, cls) == BLOCK_FREE) diag_fatal(DIAG_DOUBLE_FREE, p);
-  if (fm_unlikely(tc->state == FM_TCACHE_DEAD)) {
+  if (fm_unlikely(tc->state == FM_TCACHE_DEAD || foreign)) {
     mark_set(p, (const void *)FM_FREED_MARK);
     arena_free_blocks(&p, 1, NULL);
     return;

@@ -1,7 +1,8 @@
 /* Threads: random malloc/free/realloc with payload checks in 8 threads (also while the main
  * thread trims over and over), producer/consumer frees, errno under contended locks,
  * short-lived threads, thread exit with cached blocks, allocation from a pthread key
- * destructor that runs after fastmalloc's own, calloc after remote frees, large blocks
+ * destructor that runs after fastmalloc's own, calloc after remote frees, blocks handed
+ * to new threads (no false sharing), large blocks
  * traded between threads, live blocks that look freed. Worker threads never call cmocka:
  * they count failures for the main thread. */
 #include "fm_test.h"
@@ -624,6 +625,54 @@ static void test_calloc_after_remote_free(void **state) {
   assert_no_failures();
 }
 
+/* ---- blocks handed to new threads: no false sharing ---- */
+
+/* Two new threads each free a block the main thread made, a neighbour of the other's in
+ * one cache line, then malloc a block of that size: blocks in two different lines, else
+ * the two threads would write one line. (A bin is a stack: a thread whose cache took the
+ * block it was given would get it straight back.) */
+enum { LINE = 64 };
+static pthread_barrier_t handed_freed, handed_allocated;
+
+static void *free_given_then_allocate(void *arg) {
+  void **block = arg;
+  free(*block);   /* this thread's first call into the allocator */
+  pthread_barrier_wait(&handed_freed);
+  *block = malloc(16);
+  if (*block) memset(*block, 1, 16);
+  pthread_barrier_wait(&handed_allocated);   /* both blocks live at once */
+  pthread_barrier_wait(&handed_allocated);
+  free(*block);
+  return NULL;
+}
+
+static void test_handed_blocks_not_shared(void **state) {
+  void *made[8];
+  for (int i = 0; i < 8; i++) assert_non_null(made[i] = malloc(16));
+  int pair = -1;
+  for (int i = 0; i < 7 && pair < 0; i++)
+    if ((uintptr_t)made[i] / LINE == (uintptr_t)made[i + 1] / LINE) pair = i;
+  assert_true(pair >= 0);   /* 16-byte blocks: 8 in a row span at most 3 lines */
+  void *block[2] = {made[pair], made[pair + 1]};
+  for (int i = 0; i < 8; i++)
+    if (i != pair && i != pair + 1) free(made[i]);
+  assert_int_equal(pthread_barrier_init(&handed_freed, NULL, 2), 0);
+  assert_int_equal(pthread_barrier_init(&handed_allocated, NULL, 3), 0);
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, free_given_then_allocate, &block[i]), 0);
+  pthread_barrier_wait(&handed_allocated);
+  assert_non_null(block[0]);
+  assert_non_null(block[1]);
+  void *got[2] = {block[0], block[1]};
+  pthread_barrier_wait(&handed_allocated);
+  for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  pthread_barrier_destroy(&handed_freed);
+  pthread_barrier_destroy(&handed_allocated);
+  if ((uintptr_t)got[0] / LINE == (uintptr_t)got[1] / LINE)
+    fail_msg("two threads got blocks %p and %p, in one cache line", got[0], got[1]);
+}
+
 /* ---- large blocks (mappings of their own) traded between 8 threads ---- */
 
 enum { LX_THREADS = 8, LX_ROUNDS = 60, LX_EXCHANGE = 8 };
@@ -751,6 +800,7 @@ int main(void) {
       cmocka_unit_test(test_exit_holding_cache),
       cmocka_unit_test(test_key_destructor_after_cache),
       cmocka_unit_test(test_calloc_after_remote_free),
+      cmocka_unit_test(test_handed_blocks_not_shared),
       cmocka_unit_test(test_large_blocks_across_threads),
       cmocka_unit_test(test_threads_take_own_arenas),
       cmocka_unit_test(test_marked_live_blocks_across_threads),
