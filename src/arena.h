@@ -73,14 +73,15 @@ void arena_tick_all(void);
  * returns got, 0 when out of memory. The lowest block is last: a thread cache's bin, a
  * stack, hands them out in address order, so the nodes a program allocates one after the
  * other lie upward in memory, as its later walks over them go. A block that was handed
- * out before in its span's life comes with FM_BLOCK_RECYCLED added to its address: it went
- * back to the span through a path that wrote FM_FREED_MARK into its second word (or its
- * page was purged since, and it reads zero), and the caller checks that nothing wrote
- * there since (tcache.h). With zeroed (for calloc), when the first block reads zero (it
- * was not handed out since its span's units were zero), it is the only one taken, and
- * *zeroed is set. *took_span (when took_span is not NULL) says whether the batch took a
+ * out before in its span's life went back to the span through a path that wrote
+ * FM_FREED_MARK into its second word (or its page was purged since, and it reads zero),
+ * and the caller checks that nothing wrote there since (bin.h); one never handed out may
+ * hold anything (the span's units may have served another class), and comes with
+ * FM_BLOCK_FRESH added to its address. With zeroed (for calloc), when the first block
+ * reads zero (it was not handed out since its span's units were zero), it is the only one
+ * taken, untagged, and *zeroed is set. *took_span (when took_span is not NULL) says whether the batch took a
  * span from the chunks: a new one, not one its class kept. */
-#define FM_BLOCK_RECYCLED 1
+#define FM_BLOCK_FRESH 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
                            bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

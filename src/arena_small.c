@@ -28,11 +28,12 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   return span;
 }
 
-/* Tags the blocks of blocks[0 .. n) (taken from one span, highest first) that lie below
- * `issued`, the end of those handed out before in the span's life (see arena.h). */
-static void tag_recycled(void **blocks, uint32_t n, char *issued) {
-  for (uint32_t i = n; i-- > 0 && (char *)blocks[i] < issued;)
-    blocks[i] = (char *)blocks[i] + FM_BLOCK_RECYCLED;
+/* Tags the blocks of blocks[0 .. n) (taken from one span, highest first) that lie at or
+ * above `issued`, the end of those handed out before in the span's life (see arena.h).
+ * Once a heap stops growing none does: the loop ends at the first block. */
+static void tag_fresh(void **blocks, uint32_t n, char *issued) {
+  for (uint32_t i = 0; i < n && (char *)blocks[i] >= issued; i++)
+    blocks[i] = (char *)blocks[i] + FM_BLOCK_FRESH;
 }
 
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
@@ -77,7 +78,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     /* (the last block taken is the furthest one) */
     uint32_t last = (uint32_t)((char *)next[0] - span->start) / (uint32_t)size;
     if (last >= span->zeroed_from) span->zeroed_from = (uint16_t)(last + 1);
-    tag_recycled(next, taken, span->start + (size_t)span->issued * size);
+    if (!zeroed || !*zeroed) tag_fresh(next, taken, span->start + (size_t)span->issued * size);
     if (last >= span->issued) span->issued = (uint16_t)(last + 1);
     got += taken;
     span->used += taken;

@@ -10,7 +10,7 @@
  *   whose mark names no slot, so the same compare finds the bin empty;
  * - blocks leave a bin for their span only with the right mark (bin_blocks_leave checks
  *   them), carrying FM_FREED_MARK instead, and a refill that takes a block handed out
- *   before checks it still carries that, or zero if its page was purged (bin_recycled):
+ *   before checks it still carries that, or zero if its page was purged (bin_refilled):
  *   so a block freed again after its first free reached the span is caught when the span
  *   would hand it out twice.
  * Free itself compares nothing: free(p); free(p) is reported by the second malloc of the
@@ -43,11 +43,12 @@ void bin_blocks_leave(void **from, size_t n, unsigned cls);
 void bin_blocks_move(void **from, void **to, size_t n, unsigned cls);
 /* Checks the block popped from `slot`; reports it when its mark does not name the slot. */
 void bin_popped_check(void *p, void **slot);
-/* A block from arena_alloc_batch, untagged, after the check of a recycled one (above). */
+/* A block from arena_alloc_batch, untagged, after the check of one handed out before
+ * (above); a fresh one is not checked. */
 fm_noinline void bin_mark_mismatch(void *p);
-static inline void *bin_recycled(void *tagged) {
-  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)1;   /* (FM_BLOCK_RECYCLED, arena.h) */
-  if (FM_FREE_MARK && fm_unlikely((uintptr_t)tagged != p)) {
+static inline void *bin_refilled(void *tagged) {
+  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)1;   /* (FM_BLOCK_FRESH, arena.h) */
+  if (FM_FREE_MARK && fm_likely((uintptr_t)tagged == p)) {
     uintptr_t mark = ((const uintptr_t *)p)[1];
     if (mark != FM_FREED_MARK && mark != 0) bin_mark_mismatch((void *)p);
   }

@@ -360,9 +360,9 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
   if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
-  if (zeroed && *zeroed) return true;   /* (a block never handed out: no tag, no mark) */
+  if (zeroed && *zeroed) return true;   /* (a block never handed out, untagged: no mark) */
   for (unsigned i = 0; i < got; i++) {
-    low[i] = bin_recycled(low[i]);
+    low[i] = bin_refilled(low[i]);
     mark_set(low[i], &low[i]);
   }
   bin_set_top(tc, cls, low + got);
@@ -486,7 +486,7 @@ void tcache_after_fork_child(void) {
 static void *arena_malloc_one(unsigned cls) {
   void *block;
   if (!arena_alloc_batch(&arenas[0], cls, 1, &block, NULL, NULL)) return NULL;
-  return bin_recycled(block);
+  return bin_refilled(block);
 }
 
 /* A malloc that missed in bin cls: refill the bin, or, for a thread whose cache is gone,
