@@ -13,7 +13,8 @@
   X(DIAG_FREE_BLOCK_CORRUPTED, "double free or corruption of a free block")        \
   X(DIAG_INVALID_REALLOC, "realloc(): invalid pointer")                            \
   X(DIAG_INVALID_USABLE_SIZE, "malloc_usable_size(): invalid pointer")             \
-  X(DIAG_MOVED_BLOCK_LOST, "realloc(): cannot register a moved block")
+  X(DIAG_MOVED_BLOCK_LOST, "realloc(): cannot register a moved block")            \
+  X(DIAG_CXX_NEW_FAILED, "operator new: out of memory, and no C++ runtime to throw")
 
 typedef enum {
 #define DIAG_ENUM(name, text) name,

@@ -64,10 +64,15 @@ fm_noinline void *tcache_calloc_zeroed(size_t size);
  * one it then copies there: one instruction. */
 #define FM_OWN_REGISTER(value) __asm__("" : "+r"(value))
 
-/* A block of class cls for a request of `size` bytes. A class from a size table
- * (by_size) is looked up again by size on a miss, after set-up: before it, the tables
- * read class 0, whose bin is always empty. Aligned requests pick their class otherwise. */
-static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool by_size) {
+/* A miss of the fast path below: tcache_malloc_miss, or a caller's wrapper of it. */
+typedef void *(*tcache_miss_fn)(size_t size, unsigned cls);
+
+/* A block of class cls for a request of `size` bytes, else what miss returns. A class
+ * from a size table (by_size) is looked up again by size on a miss, after set-up: before
+ * it, the tables read class 0, whose bin is always empty. Aligned requests pick their
+ * class otherwise. */
+static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool by_size,
+                                                  tcache_miss_fn miss) {
   void **top = tcache_tls.top[cls];
   void *block = top[-1];
   FM_OWN_REGISTER(block);
@@ -79,15 +84,15 @@ static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool 
     FM_SPLIT_ADDRESS(cls);
     empty_or_bad = slot + 1 == tcache_tls.low[cls];
   }
-  if (fm_unlikely(empty_or_bad)) return tcache_malloc_miss(size, by_size ? 0 : (unsigned)cls);
+  if (fm_unlikely(empty_or_bad)) return miss(size, by_size ? 0 : (unsigned)cls);
   FM_SPLIT_ADDRESS(cls);
   tcache_tls.top[cls] = slot;
   return block;
 }
 
 /* malloc of size <= FM_TABLED_MAX. */
-static fm_always_inline void *tcache_malloc_tabled(size_t size) {
-  return tcache_malloc_class(tcache_tls.class_of_granule[(size + 15) >> 4], size, true);
+static fm_always_inline void *tcache_malloc_tabled(size_t size, tcache_miss_fn miss) {
+  return tcache_malloc_class(tcache_tls.class_of_granule[(size + 15) >> 4], size, true, miss);
 }
 
 static fm_always_inline void tcache_free(void *p) {

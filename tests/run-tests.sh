@@ -12,6 +12,7 @@ build=${1:-build}
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v c++ >/dev/null || need+=(g++)   # the C++ operators' probe
 command -v make >/dev/null || need+=(make)
 command -v python3 >/dev/null || need+=(python3)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev pkg-config)
