@@ -826,7 +826,9 @@ static char *big_block_after_freeing_others(bool cleared, size_t n, size_t *resi
   char *p = cleared ? calloc(1, n) : malloc(n);
   assert_non_null(p);
   assert_true(malloc_usable_size(p) >= n);
-  *resident = resident_pages(p, n);
+  /* Over the whole block: the freed mappings' unused tails (each rounded up to 2 MiB) may
+   * lie inside it, and the last pages they had resident past byte n. */
+  *resident = resident_pages(p, malloc_usable_size(p));
   return p;
 }
 
