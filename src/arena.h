@@ -79,8 +79,8 @@ void arena_tick_all(void);
  * hold anything (the span's units may have served another class), and comes with
  * FM_BLOCK_FRESH added to its address. With zeroed (for calloc), when the first block
  * reads zero (it was not handed out since its span's units were zero), it is the only one
- * taken, untagged, and *zeroed is set. *took_span (when took_span is not NULL) says whether the batch took a
- * span from the chunks: a new one, not one its class kept. */
+ * taken, untagged, and *zeroed is set. *took_span (when took_span is not NULL) says
+ * whether the batch took a span from the chunks: a new one, not one its class kept. */
 #define FM_BLOCK_FRESH 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
                            bool *took_span);

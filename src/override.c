@@ -134,8 +134,10 @@ void cxx_delete_one_sized(void *, size_t) FM_CXX_ALIAS(_ZdlPvm, fm_free);
 void cxx_delete_array_sized(void *, size_t) FM_CXX_ALIAS(_ZdaPvm, fm_free);
 void cxx_delete_one_aligned(void *, size_t) FM_CXX_ALIAS(_ZdlPvSt11align_val_t, fm_free);
 void cxx_delete_array_aligned(void *, size_t) FM_CXX_ALIAS(_ZdaPvSt11align_val_t, fm_free);
-void cxx_delete_one_sized_aligned(void *, size_t, size_t) FM_CXX_ALIAS(_ZdlPvmSt11align_val_t, fm_free);
-void cxx_delete_array_sized_aligned(void *, size_t, size_t) FM_CXX_ALIAS(_ZdaPvmSt11align_val_t, fm_free);
+void cxx_delete_one_sized_aligned(void *, size_t, size_t)
+    FM_CXX_ALIAS(_ZdlPvmSt11align_val_t, fm_free);
+void cxx_delete_array_sized_aligned(void *, size_t, size_t)
+    FM_CXX_ALIAS(_ZdaPvmSt11align_val_t, fm_free);
 
 /* Hooks glibc's static fork and thread exit call in its own malloc: ours are installed
  * with pthread_atfork and a thread key instead. */

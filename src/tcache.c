@@ -601,7 +601,7 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
   if (tcache_block_state(p, cls) == BLOCK_FREE) diag_fatal(DIAG_DOUBLE_FREE, p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD || foreign)) {
     mark_set(p, (const void *)FM_FREED_MARK);
-    arena_free_blocks(&p, 1, NULL);
+    arena_free_blocks(&p, 1, tc->arena);   /* (NULL when dead) */
     return;
   }
   idle_sweep(tc);
