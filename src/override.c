@@ -1,8 +1,8 @@
-/* The exported names, and nothing else: malloc and free (and C++'s new and delete) are
- * the inline fast paths of tcache.h compiled in place, the other fm_ functions tail-call
- * alloc.c and stats.c, and every libc name (__libc_*, and the globals of glibc's malloc.o,
- * so a static link never pulls glibc's malloc in beside this one) is an alias of an fm_
- * function. */
+/* The exported names, and nothing else: malloc and free are the inline fast paths of
+ * tcache.h compiled in place, the other fm_ functions tail-call alloc.c and stats.c, and
+ * every libc name (__libc_*, and the globals of glibc's malloc.o, so a static link never
+ * pulls glibc's malloc in beside this one) is an alias of an fm_ function. C++'s names
+ * are in override_cxx.c. */
 #include <malloc.h>
 #include <stdio.h>
 
@@ -113,31 +113,6 @@ void malloc_stats(void) FM_ALIAS(fm_malloc_stats);
 void __malloc_stats(void) FM_ALIAS(fm_malloc_stats);
 int malloc_info(int, FILE *) FM_ALIAS(fm_malloc_info);
 int __malloc_info(int, FILE *) FM_ALIAS(fm_malloc_info);
-
-/* C++'s operators, by their Itanium ABI names: new and delete take the fast paths directly,
- * not through libstdc++'s operators, which call malloc and free (a call and a dozen
- * instructions more a pair). Each new throws std::bad_alloc where malloc would return NULL.
- * The nothrow forms stay libstdc++'s, which call these and catch. */
-static FM_HOT_ENTRY void *cxx_new(size_t size) { return alloc_cxx_new(size); }
-static void *cxx_new_aligned(size_t size, size_t align) {
-  void *p = alloc_memalign(align, size);
-  return fm_likely(p != NULL) ? p : alloc_cxx_new_failed(size, align);
-}
-#define FM_CXX_ALIAS(name, target) __asm__(#name) FM_ALIAS(target)
-void *cxx_new_one(size_t) FM_CXX_ALIAS(_Znwm, cxx_new);
-void *cxx_new_array(size_t) FM_CXX_ALIAS(_Znam, cxx_new);
-void *cxx_new_one_aligned(size_t, size_t) FM_CXX_ALIAS(_ZnwmSt11align_val_t, cxx_new_aligned);
-void *cxx_new_array_aligned(size_t, size_t) FM_CXX_ALIAS(_ZnamSt11align_val_t, cxx_new_aligned);
-void cxx_delete_one(void *) FM_CXX_ALIAS(_ZdlPv, fm_free);
-void cxx_delete_array(void *) FM_CXX_ALIAS(_ZdaPv, fm_free);
-void cxx_delete_one_sized(void *, size_t) FM_CXX_ALIAS(_ZdlPvm, fm_free);
-void cxx_delete_array_sized(void *, size_t) FM_CXX_ALIAS(_ZdaPvm, fm_free);
-void cxx_delete_one_aligned(void *, size_t) FM_CXX_ALIAS(_ZdlPvSt11align_val_t, fm_free);
-void cxx_delete_array_aligned(void *, size_t) FM_CXX_ALIAS(_ZdaPvSt11align_val_t, fm_free);
-void cxx_delete_one_sized_aligned(void *, size_t, size_t)
-    FM_CXX_ALIAS(_ZdlPvmSt11align_val_t, fm_free);
-void cxx_delete_array_sized_aligned(void *, size_t, size_t)
-    FM_CXX_ALIAS(_ZdaPvmSt11align_val_t, fm_free);
 
 /* Hooks glibc's static fork and thread exit call in its own malloc: ours are installed
  * with pthread_atfork and a thread key instead. */

@@ -1,8 +1,9 @@
 // C++'s operators new and delete: a program's calls reach fastmalloc's own definitions (the
-// library linked, or preloaded: argument "preloaded"), which keep the standard's rules: a
-// new that cannot be met calls the new-handler while one is set and then throws
+// shared library linked or preloaded), or, linked with the static library (argument
+// "archive"), libstdc++'s, whose blocks are fastmalloc's; either way the standard's rules
+// hold: a new that cannot be met calls the new-handler while one is set and then throws
 // std::bad_alloc; the nothrow forms return nullptr; aligned forms align; new of 0 bytes
-// gives distinct blocks. Exits 1 with a line on stderr at the first failure.
+// gives distinct blocks. Exits 1 with a line on stderr at each failure.
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -35,17 +36,28 @@ static void counting_handler() {
   if (++handler_calls >= handler_budget) std::set_new_handler(nullptr);
 }
 
+extern "C" int fm_owns(const void *) __attribute__((weak));
+
 // An impossible size the compiler cannot see through.
 static volatile std::size_t impossible = SIZE_MAX / 2;
 
-int main() {
-  for (const char *symbol : {"_Znwm", "_Znam", "_ZnwmSt11align_val_t", "_ZnamSt11align_val_t",
-                             "_ZdlPv", "_ZdaPv", "_ZdlPvm", "_ZdaPvm", "_ZdlPvSt11align_val_t",
-                             "_ZdlPvmSt11align_val_t"}) {
-    const char *object = definer(symbol);
-    if (!std::strstr(object, "libfastmalloc")) {
-      std::fprintf(stderr, "cxx_probe: %s is defined by %s, not by fastmalloc\n", symbol, object);
-      failures++;
+static const char *const operators[] = {
+    "_Znwm", "_Znam", "_ZnwmSt11align_val_t", "_ZnamSt11align_val_t", "_ZdlPv", "_ZdaPv",
+    "_ZdlPvm", "_ZdaPvm", "_ZdlPvSt11align_val_t", "_ZdlPvmSt11align_val_t"};
+
+int main(int argc, char **argv) {
+  bool archive = argc > 1 && std::strcmp(argv[1], "archive") == 0;
+  if (archive) {
+    void *block = ::operator new(24);
+    CHECK(fm_owns && fm_owns(block));   // libstdc++'s operator new, fastmalloc's malloc
+    ::operator delete(block);
+  } else {
+    for (const char *symbol : operators) {
+      const char *object = definer(symbol);
+      if (!std::strstr(object, "libfastmalloc")) {
+        std::fprintf(stderr, "cxx_probe: %s is defined by %s, not by fastmalloc\n", symbol, object);
+        failures++;
+      }
     }
   }
 
@@ -98,6 +110,7 @@ int main() {
   CHECK(::operator new[](impossible, std::nothrow) == nullptr);
 
   if (failures) return 1;
-  std::puts("cxx_probe: operators new and delete are fastmalloc's, and keep the rules");
+  std::puts(archive ? "cxx_probe: libstdc++'s operators, on fastmalloc's malloc, keep the rules"
+                    : "cxx_probe: operators new and delete are fastmalloc's, and keep the rules");
   return 0;
 }
