@@ -194,32 +194,3 @@ size_t alloc_usable_size(void *p) {
 }
 
 bool alloc_owns(const void *p) { return init_process() && unit_map_class_checked(p) != 0; }
-
-/* libstdc++'s std::get_new_handler and std::__throw_bad_alloc, weak: the library needs no
- * C++ runtime, and a program that calls operator new has one. (An exception thrown here
- * or by a handler unwinds through these frames by their unwind tables.) */
-typedef void (*cxx_new_handler)(void);
-extern cxx_new_handler _ZSt15get_new_handlerv(void) __attribute__((weak));
-extern void _ZSt17__throw_bad_allocv(void) __attribute__((weak, noreturn));
-
-void *alloc_cxx_new_failed(size_t size, size_t align) {
-  for (;;) {
-    cxx_new_handler handler = _ZSt15get_new_handlerv ? _ZSt15get_new_handlerv() : NULL;
-    if (!handler) break;
-    handler();   /* frees memory, throws, or ends the program */
-    void *p = align ? alloc_memalign(align, size) : alloc_malloc(size);
-    if (p) return p;
-  }
-  if (_ZSt17__throw_bad_allocv) _ZSt17__throw_bad_allocv();
-  diag_fatal(DIAG_CXX_NEW_FAILED, NULL);
-}
-
-void *alloc_cxx_new_miss(size_t size, unsigned cls) {
-  void *p = tcache_malloc_miss(size, cls);
-  return fm_likely(p != NULL) ? p : alloc_cxx_new_failed(size, 0);
-}
-
-void *alloc_cxx_new_untabled(size_t size) {
-  void *p = alloc_untabled(size);
-  return fm_likely(p != NULL) ? p : alloc_cxx_new_failed(size, 0);
-}

@@ -26,19 +26,4 @@ size_t alloc_usable_size(void *p);
 /* Whether p lies in memory fastmalloc holds for blocks (fm_owns). */
 bool alloc_owns(const void *p);
 
-/* C++'s operator new when the block could not be had (align: 0 for none): as the standard
- * asks, calls the program's new-handler and tries again while there is one, then throws
- * std::bad_alloc. */
-fm_noinline void *alloc_cxx_new_failed(size_t size, size_t align);
-/* operator new's misses, which never return NULL: of the bins (a tcache_miss_fn), and
- * past them. */
-fm_noinline void *alloc_cxx_new_miss(size_t size, unsigned cls);
-fm_noinline void *alloc_cxx_new_untabled(size_t size);
-
-/* operator new: malloc's fast path, with misses that never return NULL. */
-static fm_always_inline void *alloc_cxx_new(size_t size) {
-  if (fm_unlikely(size > FM_TABLED_MAX)) return alloc_cxx_new_untabled(size);
-  return tcache_malloc_tabled(size, alloc_cxx_new_miss);
-}
-
 #endif

@@ -2,9 +2,8 @@
  * thread trims over and over), producer/consumer frees, errno under contended locks,
  * short-lived threads, thread exit with cached blocks, allocation from a pthread key
  * destructor that runs after fastmalloc's own, calloc after remote frees, blocks handed
- * to new threads (no false sharing), large blocks
- * traded between threads, live blocks that look freed. Worker threads never call cmocka:
- * they count failures for the main thread. */
+ * to new threads (no false sharing), large blocks traded between threads, live blocks that
+ * look freed. Worker threads never call cmocka: they count failures for the main thread. */
 #include "fm_test.h"
 
 #include <pthread.h>
