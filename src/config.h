@@ -40,6 +40,7 @@
 #define FM_UNITS_PER_CHUNK (FM_CHUNK_SIZE / FM_UNIT_SIZE)
 #define FM_PAGES_PER_UNIT (FM_UNIT_SIZE / FM_PAGE_SIZE)
 #define FM_ADDRESS_BITS 47                    /* x86_64 user space */
+#define FM_CACHE_LINE 64
 
 /* ---- Policy ---- */
 
@@ -108,6 +109,10 @@
 #define FM_REFILL_BYTES 8192
 #define FM_REFILL_BLOCKS_MIN 32
 #define FM_REFILL_BLOCKS_LARGE 4
+/* A threaded refill whose first block shares a cache line with a block it did not bring
+ * (another thread's, maybe) hands out first one of its next blocks whose lines it brought
+ * whole: the first this many blocks are looked at. */
+#define FM_REFILL_LINE_TRIES 8
 /* A bin that only takes frees (a consumer's) holds at least 4 KiB and 8 blocks before it
  * gives its blocks back, in batches of at most 256 pointers (2 KiB of stack). */
 #define FM_FREE_ONLY_BIN_BYTES 4096

@@ -342,6 +342,43 @@ static void release_freed_blocks(fm_tcache *tc, unsigned growing) {
       flush_top(tc, cls, bin_count(tc, cls));
 }
 
+static uintptr_t untagged(const void *block) {
+  return (uintptr_t)block & ~(uintptr_t)FM_BLOCK_FRESH;
+}
+
+/* Whether refill blocks low[0 .. got) (highest first, tagged) hold every block that shares
+ * a cache line with low[k]: those below it next in the array, those above it before. A
+ * span starts on a line, so no block below the first one is missing. */
+static bool lines_brought(void *const *low, unsigned got, unsigned k, uintptr_t stride) {
+  uintptr_t p = untagged(low[k]), line = FM_CACHE_LINE;
+  uintptr_t from = p & ~(line - 1), end = (p + stride + line - 1) & ~(line - 1);
+  unsigned j = k;
+  for (uintptr_t q = p; q > from; q -= stride)
+    if (++j >= got || untagged(low[j]) != q - stride) return false;
+  j = k;
+  for (uintptr_t q = p + stride; q < end; q += stride)
+    if (j-- == 0 || untagged(low[j]) != q) return false;
+  return true;
+}
+
+/* The top block of a refill is the next malloc's. When it shares a cache line with a block
+ * the refill did not bring, one of the next few whose lines it brought whole takes its
+ * place: a thread that freed a block it was handed gave it back to its span (free_slow),
+ * where the refill of a thread using a neighbour finds it first, and two threads would
+ * write one line. One thread alone shares lines with nobody; blocks of a stride that
+ * lines divide share none. */
+static void top_in_own_line(void **low, unsigned got, unsigned cls) {
+  uintptr_t stride = size_class_stride[cls];
+  if (!lock_threaded() || stride % FM_CACHE_LINE == 0) return;
+  for (unsigned k = got, tries = 0; k-- > 0 && tries++ < FM_REFILL_LINE_TRIES;)
+    if (lines_brought(low, got, k, stride)) {
+      void *top = low[got - 1];
+      low[got - 1] = low[k];
+      low[k] = top;
+      return;
+    }
+}
+
 /* zeroed: for calloc (see arena_alloc_batch); when set, the bin stays empty and the one
  * block taken is at its low end. */
 static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
@@ -361,6 +398,7 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   tc->activity[cls] |= BIN_REFILLED;
   if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
   if (zeroed && *zeroed) return true;   /* (a block never handed out, untagged: no mark) */
+  top_in_own_line(low, got, cls);
   for (unsigned i = 0; i < got; i++) {
     low[i] = bin_refilled(low[i]);
     mark_set(low[i], &low[i]);

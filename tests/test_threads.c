@@ -672,6 +672,46 @@ static void test_handed_blocks_not_shared(void **state) {
     fail_msg("two threads got blocks %p and %p, in one cache line", got[0], got[1]);
 }
 
+/* A thread frees a block handed to it, whose neighbour in its cache line the main thread
+ * keeps, then mallocs a block of that size: not in that line. The freed block went back to
+ * its span (see test_handed_blocks_not_shared), the span's lowest free one, where a refill
+ * would start; the two threads would write one line. A real check with one arena
+ * (test_threads_one_arena); with more, the thread may take another arena's span. */
+static void *free_given_then_keep(void *arg) {
+  void **block = arg;
+  free(*block);
+  *block = malloc(16);
+  return NULL;
+}
+
+static void test_refill_starts_in_a_line_of_its_own(void **state) {
+  /* Every free 16-byte block already in the spans goes to the main thread's cache, so the
+   * blocks made next are new ones in the last span, and the one handed on is its lowest
+   * free block once freed. */
+  enum { FILL = 20000 };
+  void **fill = malloc(FILL * sizeof *fill);
+  assert_non_null(fill);
+  for (int i = 0; i < FILL; i++) assert_non_null(fill[i] = malloc(16));
+  void *made[8];
+  for (int i = 0; i < 8; i++) assert_non_null(made[i] = malloc(16));
+  int pair = -1;
+  for (int i = 0; i < 7 && pair < 0; i++)
+    if ((uintptr_t)made[i] / LINE == (uintptr_t)made[i + 1] / LINE) pair = i;
+  assert_true(pair >= 0);
+  void *block = made[pair];
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, free_given_then_keep, &block), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_non_null(block);
+  if ((uintptr_t)block / LINE == (uintptr_t)made[pair + 1] / LINE)
+    fail_msg("a thread got block %p, in the cache line of live block %p", block, made[pair + 1]);
+  free(block);
+  for (int i = 0; i < 8; i++)
+    if (i != pair) free(made[i]);
+  for (int i = 0; i < FILL; i++) free(fill[i]);
+  free(fill);
+}
+
 /* ---- large blocks (mappings of their own) traded between 8 threads ---- */
 
 enum { LX_THREADS = 8, LX_ROUNDS = 60, LX_EXCHANGE = 8 };
@@ -800,6 +840,7 @@ int main(void) {
       cmocka_unit_test(test_key_destructor_after_cache),
       cmocka_unit_test(test_calloc_after_remote_free),
       cmocka_unit_test(test_handed_blocks_not_shared),
+      cmocka_unit_test(test_refill_starts_in_a_line_of_its_own),
       cmocka_unit_test(test_large_blocks_across_threads),
       cmocka_unit_test(test_threads_take_own_arenas),
       cmocka_unit_test(test_marked_live_blocks_across_threads),
