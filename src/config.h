@@ -101,6 +101,7 @@
  * 4 KiB, whose pages cost more than the arena trip they save), at most 2048 blocks. */
 #define FM_BIN_START_BYTES 1024
 #define FM_BIN_START_BLOCKS_MAX 16
+#define FM_BIN_START_ROOM_MIN 4
 #define FM_BIN_MAX_BYTES ((size_t)2 << 20)
 #define FM_BIN_MAX_BYTES_LARGE ((size_t)32 << 10)
 #define FM_BIN_MAX_BLOCKS 2048

@@ -40,14 +40,17 @@ static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_st
 static size_t start_slots;   /* the slots the start layout takes, sentinels included */
 static size_t grown_bytes;
 
-/* The start layout gives each bin room for twice its start limit (at most its largest
- * limit), so a new thread's bins fit in one page of slots and a bin's first growth moves
- * nothing. A bin that grows past its room gets room for its new limit and no more: every
+/* The start layout gives each bin room for twice its start limit, and at least
+ * FM_BIN_START_ROOM_MIN blocks (at most its largest limit), so a new thread's bins fit in
+ * one page of slots and a bin's first growths move nothing: a move shifts every bin above,
+ * and a short-lived thread that takes a few blocks of one large class would grow its
+ * one-block bin twice. A bin that grows past its room gets room for its new limit and no more: every
  * page of the array that the bins pass through on their way up stays resident while the
  * thread lives, so spare room costs memory, where a move costs little (a bin doubles at
  * most 11 times). */
 static int32_t start_room(unsigned cls) {
-  return 2 * limit_start[cls] < limit_max[cls] ? 2 * limit_start[cls] : limit_max[cls];
+  int32_t room = 2 * limit_start[cls] > FM_BIN_START_ROOM_MIN ? 2 * limit_start[cls] : FM_BIN_START_ROOM_MIN;
+  return room < limit_max[cls] ? room : limit_max[cls];
 }
 
 static int32_t clamp(int32_t value, int32_t low, int32_t high) {
