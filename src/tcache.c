@@ -136,7 +136,7 @@ static void bin_widen(fm_tcache *tc, unsigned cls, int32_t limit) {
   for (unsigned c = FM_NUM_SPAN_CLASSES; c > cls; c--) {
     int32_t count = bin_count(tc, c);
     void **low = tc->low[c] + delta;
-    bin_blocks_move(tc->low[c], low, (size_t)count, c);
+    if (count) bin_blocks_move(tc->low[c], low, (size_t)count, c);
     bin_place(tc, c, low, count, bin_limit(tc, c));
   }
   tc->layout_end += delta;
@@ -301,6 +301,7 @@ static void set_up(fm_tcache *tc) {
   layout_start(tc);
   memcpy(tc->class_of_granule, size_class_of_granule, sizeof tc->class_of_granule);
   tc->limit_bytes = start_bytes;
+  tc->sweep_epoch = arena_epoch(tc);   /* (new bins have nothing to sweep) */
   /* Live before pthread_setspecific: it callocs for high key numbers. */
   tc->state = FM_TCACHE_LIVE;
   pthread_setspecific(thread_key, tc);
@@ -455,30 +456,28 @@ static void overflow(fm_tcache *tc, unsigned cls) {
 }
 
 /* Every bin in one array, so the arenas are locked once each, not once a bin: the bins
- * lie in class order, so each moves down to follow the previous one (over the sentinels,
- * set again after). */
+ * lie in class order, so each moves down to follow the previous one, over the sentinels
+ * (bins that stay in use need bins_set_sentinels after). */
 static void flush_all(fm_tcache *tc) {
   flush_page_blocks(tc);
   void **start = tc->bins->slots, **end = start;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     int32_t count = bin_count(tc, cls);
+    if (!count) continue;
     bin_blocks_leave(tc->low[cls], (size_t)count, cls);
-    if (count) memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
+    memmove(end, tc->low[cls], (size_t)count * sizeof(void *));
     end += count;
     bin_set_top(tc, cls, tc->low[cls]);
   }
   if (end > start) arena_free_blocks(start, (size_t)(end - start), tc->arena);
-  bins_set_sentinels(tc);
 }
 
-/* Purges the pages of the (empty) bins' array from `from` up to the layout's end, and
- * writes the sentinels again. */
+/* Purges the pages of the (empty) bins' array from `from` up to the layout's end. */
 static void slots_purge(fm_tcache *tc, void **from) {
   uintptr_t page = FM_PAGE_SIZE - 1;
   char *start = (char *)(((uintptr_t)from + page) & ~page);
   char *end = (char *)(((uintptr_t)tc->layout_end + page) & ~page);
   if (end > start) os_purge(start, (size_t)(end - start));
-  bins_set_sentinels(tc);
 }
 
 void tcache_flush_mine(bool purge) {
@@ -486,10 +485,11 @@ void tcache_flush_mine(bool purge) {
   if (tc->state != FM_TCACHE_LIVE) return;
   flush_all(tc);
   if (purge) slots_purge(tc, tc->bins->slots);
+  bins_set_sentinels(tc);
 }
 
 /* The thread key's destructor: the cache's blocks and array go back, the pages its grown
- * bins took too (the next thread starts small). */
+ * bins took too (the next thread starts small, and lays its bins out anew). */
 static void thread_exit(void *cache) {
   fm_tcache *tc = cache;
   flush_all(tc);
