@@ -63,11 +63,14 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
     /* base: the block of bit 0 of word w, a local as the stores to out[] might alias
      * span->start; 32-bit offsets within a word, which need no sign extension */
     char *base = span->start + (size_t)w * 64 * size;
+    uint32_t stride = (uint32_t)size;
     for (; w < words; w++, base += 64 * size) {
       uint64_t word = bits[w];
-      while (word && next > out) {
-        *--next = base + (uint32_t)__builtin_ctzll(word) * (uint32_t)size;
-        word &= word - 1;
+      if (next - out >= 64) {   /* room for the whole word: no count to check */
+        for (; word; word &= word - 1) *--next = base + (uint32_t)__builtin_ctzll(word) * stride;
+      } else {
+        for (; word && next > out; word &= word - 1)
+          *--next = base + (uint32_t)__builtin_ctzll(word) * stride;
       }
       bits[w] = word;
       if (next == out) break;

@@ -28,10 +28,12 @@ static fm_always_inline void block_check(void *p, void **slot, unsigned cls, uin
 
 void bin_blocks_leave(void **from, size_t n, unsigned cls) {
   if (!FM_FREE_MARK) return;   /* (arena_free_blocks checks the pointers themselves) */
+  const void *freed = (const void *)FM_FREED_MARK;   /* (once: a mark's store might alias it) */
   uintptr_t unit = NO_UNIT;
-  for (size_t i = 0; i < n; i++) {
-    block_check(from[i], &from[i], cls, &unit);
-    mark_set(from[i], (const void *)FM_FREED_MARK);
+  for (void **slot = from, **end = from + n; slot < end; slot++) {
+    void *p = *slot;
+    block_check(p, slot, cls, &unit);
+    mark_set(p, freed);
   }
 }
 

@@ -403,9 +403,10 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
   if (zeroed && *zeroed) return true;   /* (a block never handed out, untagged: no mark) */
   top_in_own_line(low, got, cls);
-  for (unsigned i = 0; i < got; i++) {
-    low[i] = bin_refilled(low[i]);
-    mark_set(low[i], &low[i]);
+  for (void **slot = low, **end = low + got; slot < end; slot++) {
+    void *p = bin_refilled(*slot);
+    *slot = p;
+    mark_set(p, slot);
   }
   bin_set_top(tc, cls, low + got);
   return true;
