@@ -105,6 +105,12 @@
 #define FM_BIN_MAX_BYTES ((size_t)2 << 20)
 #define FM_BIN_MAX_BYTES_LARGE ((size_t)32 << 10)
 #define FM_BIN_MAX_BLOCKS 2048
+/* A thread keeps up to 4 freed page blocks of each length for its next mallocs, and 256 KiB
+ * of them in all: a program that replaces blocks of a few lengths at random finds one most
+ * of the time, while a thread that holds a few of every length pins no more pages than
+ * one of each (528 KiB) did. */
+#define FM_PAGE_BLOCKS_A_LENGTH 4
+#define FM_PAGE_CACHE_PAGES 64
 /* A refill brings at most about 8 KiB (at least 32 blocks; 4 blocks over 4 KiB): a thread
  * that only allocates would otherwise hold half its bin ahead of use. */
 #define FM_REFILL_BYTES 8192
@@ -124,6 +130,8 @@
 /* A bin takes at most 1024 frees between two slow paths, each of which reads the purge
  * clock: a thread that only cycles blocks through its bins still lets its arena purge. */
 #define FM_TICK_FREES 1024
+/* And a thread that frees page blocks reads it every 16 of those frees. */
+#define FM_TICK_PAGE_FREES 16
 /* A bin whose countdown runs out while it is at most half full cycles its blocks (frees
  * as many as it mallocs): its limit doubles, up to 32 KiB of blocks, so that its
  * countdown, bounded by the room it has left, grows long. It holds no more blocks for it. */

@@ -204,21 +204,49 @@ static void page_block_give_back(void *p) {
   arena_free_pages(p);
 }
 
+/* Takes the page block out of cache slot `slot` of blocks of `pages` pages. */
+static void *page_slot_take(fm_tcache *tc, void **slot, unsigned pages) {
+  void *p = *slot;
+  __atomic_store_n(slot, NULL, __ATOMIC_RELEASE);   /* (before it goes anywhere) */
+  tc->bins->page_blocks_pages -= pages;
+  return p;
+}
+
 /* Gives the cached page blocks back to their arenas. */
 static void flush_page_blocks(fm_tcache *tc) {
-  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++) {
-    void *p = tc->bins->page_blocks[pages];
-    if (!p) continue;
-    __atomic_store_n(&tc->bins->page_blocks[pages], NULL, __ATOMIC_RELEASE);   /* (before it goes) */
-    page_block_give_back(p);
-  }
+  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
+    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
+      if (tc->bins->page_blocks[pages][k])
+        page_block_give_back(page_slot_take(tc, &tc->bins->page_blocks[pages][k], pages));
+}
+
+/* The slot of this thread's page-block cache for blocks of `pages` pages that holds p (NULL:
+ * a free slot), or NULL. */
+static void **page_slot_of(fm_tcache *tc, const void *p, unsigned pages) {
+  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
+    if (tc->bins->page_blocks[pages][k] == p) return &tc->bins->page_blocks[pages][k];
+  return NULL;
+}
+
+/* A slot of the cache for blocks of `pages` pages that holds one, or NULL. */
+static void **page_slot_filled(fm_tcache *tc, unsigned pages) {
+  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
+    if (tc->bins->page_blocks[pages][k]) return &tc->bins->page_blocks[pages][k];
+  return NULL;
+}
+
+static size_t page_blocks_cached(fm_tcache *tc) {
+  size_t count = 0;
+  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
+    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++) count += tc->bins->page_blocks[pages][k] != NULL;
+  return count;
 }
 
 bool tcache_marked_page_block_is_free(const void *p) {
   unsigned pages = page_block_pages(p);
   fm_tcache *tc = &tcache_tls;
   if (!pages) return false;
-  if (tc->state == FM_TCACHE_LIVE && tc->bins->page_blocks[pages] == p) return true;
+  if (tc->state == FM_TCACHE_LIVE && page_slot_of(tc, p, pages)) return true;
   return thread_other_caches_hold_page_block(tc->state == FM_TCACHE_LIVE ? tc->bins : NULL, p,
                                              pages);
 }
@@ -262,17 +290,27 @@ static void sweep_if_ticked(fm_tcache *tc) {
   if (epoch != tc->sweep_epoch) sweep_bins(tc, epoch);
 }
 
+/* Counts `frees` towards the next read of the purge clock, due every FM_TICK_FREES. */
+static void clock_count(fm_tcache *tc, int32_t frees) {
+  tc->clock_countdown -= frees;
+  if (tc->clock_countdown < 0) {
+    tc->clock_countdown = FM_TICK_FREES;
+    sweep_if_ticked(tc);
+  }
+}
+
 /* A bin's miss (empty or full) also counts towards the sweep every FM_SWEEP_MISSES. */
 static void idle_sweep(fm_tcache *tc) {
   if (++tc->misses >= FM_SWEEP_MISSES) sweep_bins(tc, arena_epoch(tc));
   else sweep_if_ticked(tc);
 }
 
-/* Blocks past the bins (page blocks, but for their cache of one a length, span blocks and
- * mapped ones) bypass the bins, but their slow paths read the clock and sweep after a
- * tick all the same: a thread that goes on with such blocks only, after freeing a heap,
- * still lets its bins' blocks (and so the spans they pin) go. (Not every FM_SWEEP_MISSES
- * of them: a program busy with large blocks would sweep bins it keeps using.) */
+/* Blocks past the bins (page blocks, but for their cache, span blocks and mapped ones)
+ * bypass the bins, but their slow paths read the clock and sweep after a tick all the
+ * same (a page block's free, every FM_TICK_PAGE_FREES): a thread that goes on with such
+ * blocks only, after freeing a heap, still lets its bins' blocks (and so the spans they
+ * pin) go. (Not every FM_SWEEP_MISSES of them: a program busy with large blocks would
+ * sweep bins it keeps using.) */
 static void large_path_sweep(void) {
   fm_tcache *tc = &tcache_tls;
   if (tc->state == FM_TCACHE_LIVE) sweep_if_ticked(tc);
@@ -508,11 +546,8 @@ void tcache_holdings(size_t *bytes, size_t *blocks) {
     *blocks += (size_t)bin_count(tc, cls);
     *bytes += (size_t)bin_count(tc, cls) * size_class_size[cls];
   }
-  for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
-    if (tc->bins->page_blocks[pages]) {
-      ++*blocks;
-      *bytes += FM_PAGE_SIZE * page_block_pages(tc->bins->page_blocks[pages]);
-    }
+  *blocks += page_blocks_cached(tc);
+  *bytes += FM_PAGE_SIZE * tc->bins->page_blocks_pages;
 }
 
 void tcache_after_fork_child(void) {
@@ -578,10 +613,10 @@ void *tcache_malloc_pages(size_t size) {
   unsigned pages = (unsigned)((size + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE);
   /* A block one page longer serves too: with blocks of random lengths, more mallocs find
    * one. */
-  void *p = tc->bins->page_blocks[pages];
-  if (!p && pages < FM_PAGES_PER_UNIT && (p = tc->bins->page_blocks[pages + 1])) pages++;
-  if (p) {
-    __atomic_store_n(&tc->bins->page_blocks[pages], NULL, __ATOMIC_RELEASE);
+  void **slot = page_slot_filled(tc, pages);
+  if (!slot && pages < FM_PAGES_PER_UNIT && (slot = page_slot_filled(tc, pages + 1))) pages++;
+  if (slot) {
+    void *p = page_slot_take(tc, slot, pages);
     mark_set(p, NULL);
     tc->activity[FM_CLASS_PAGES] |= BIN_REFILLED;
     return p;
@@ -617,13 +652,20 @@ static fm_noinline void free_pages_slow(void *p) {
   fm_tcache *tc = current();
   unsigned pages = page_block_pages(p);
   if (!pages || tc->state != FM_TCACHE_LIVE) return arena_free_pages(p);
-  large_path_sweep();   /* (it may give the cached blocks back: before reading them) */
-  void *cached = tc->bins->page_blocks[pages];
-  if (cached == p || tcache_page_block_is_free(p)) diag_fatal(DIAG_DOUBLE_FREE, p);
+  /* (a sweep may give the cached blocks back: before reading them) */
+  clock_count(tc, FM_TICK_FREES / FM_TICK_PAGE_FREES);
+  void **slots = tc->bins->page_blocks[pages], **free_slot = NULL;
+  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++) {
+    if (slots[k] == p) diag_fatal(DIAG_DOUBLE_FREE, p);
+    if (!slots[k] && !free_slot) free_slot = &slots[k];
+  }
+  if (tcache_page_block_is_free(p)) diag_fatal(DIAG_DOUBLE_FREE, p);
   tc->activity[FM_CLASS_PAGES] |= BIN_OVERFLOWED;
-  if (cached) return arena_free_pages(p);
+  if (!free_slot || tc->bins->page_blocks_pages + pages > FM_PAGE_CACHE_PAGES)
+    return arena_free_pages(p);
   mark_set(p, (const void *)FM_FREED_MARK);
-  __atomic_store_n(&tc->bins->page_blocks[pages], p, __ATOMIC_RELEASE);
+  tc->bins->page_blocks_pages += pages;
+  __atomic_store_n(free_slot, p, __ATOMIC_RELEASE);
 }
 
 /* free of p, not NULL, whose unit-map class is cls (not a page block's). */
@@ -665,11 +707,7 @@ void tcache_free_miss(void *p) {
       grow(tc, cls);
     tc->activity[cls] |= BIN_CYCLED;
     bin_push(tc, cls, p);
-    tc->clock_countdown -= room_set(tc, cls) + 1;
-    if (tc->clock_countdown < 0) {
-      tc->clock_countdown = FM_TICK_FREES;
-      sweep_if_ticked(tc);
-    }
+    clock_count(tc, room_set(tc, cls) + 1);
     return;
   }
   /* A page block's own path, a tail call: it needs none of free_slow's stack frame. */

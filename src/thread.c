@@ -84,7 +84,8 @@ bool thread_other_caches_hold_page_block(const fm_bins_array *mine, const void *
   bool threaded = lock_threaded(), found = false;
   lock_take(&registry_lock, threaded);
   for (fm_bins_array *array = arrays_in_use; array && !found; array = array->next)
-    found = array != mine && __atomic_load_n(&array->page_blocks[pages], __ATOMIC_ACQUIRE) == p;
+    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH && !found && array != mine; k++)
+      found = __atomic_load_n(&array->page_blocks[pages][k], __ATOMIC_ACQUIRE) == p;
   lock_release(&registry_lock, threaded);
   return found;
 }

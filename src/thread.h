@@ -11,11 +11,12 @@
 /* A thread's bins and cached page blocks (tcache.h). */
 typedef struct fm_bins_array {
   struct fm_bins_array *next, *prev;   /* on the registry's in-use or pooled list */
-  /* The thread's last freed page block of each length in pages (8-64 KiB, see arena.h),
-   * for its next malloc of that length: one a length, so the cache pins at most 0.53 MiB.
-   * A cached block's second word holds FM_FREED_MARK; other threads search these slots
-   * for a page block freed twice. */
-  void *page_blocks[FM_PAGES_PER_UNIT + 1];
+  /* The thread's last freed page blocks of each length in pages (8-64 KiB, see arena.h),
+   * for its next mallocs of that length: FM_PAGE_BLOCKS_A_LENGTH a length (NULL: a free
+   * slot), FM_PAGE_CACHE_PAGES pages in all (page_blocks_pages). A cached block's second
+   * word holds FM_FREED_MARK; other threads search these slots for a page block freed twice. */
+  void *page_blocks[FM_PAGES_PER_UNIT + 1][FM_PAGE_BLOCKS_A_LENGTH];
+  uint32_t page_blocks_pages;
   void *slots[];   /* the bins */
 } fm_bins_array;
 

@@ -177,7 +177,7 @@ static void expect_double_free_report(void (*fn)(void *), size_t n, const char *
              (unsigned long)named, (unsigned long)result->freed_twice);
 }
 
-/* Small classes (bins), blocks of pages (their cache of one a length), a block of a chunk
+/* Small classes (bins), blocks of pages (their cache, a few a length), a block of a chunk
  * span and one in a mapping of its own. */
 static const size_t every_kind[] = {16, 48, 1024, 4000, 12000, 40000, 200000, 2 * FMT_MIB};
 static const size_t in_bins[] = {16, 48, 1024, 4000};
