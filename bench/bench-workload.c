@@ -975,6 +975,123 @@ static void scratch(struct ctx *c)
     free(args);
 }
 
+/* ---- handoff: the thread pool of rpmalloc's benchmark, from its published description.
+ * One thread per CPU (cpu_share, at least 2) keeps HANDOFF_SLOTS blocks of 8..16000 bytes,
+ * the smaller likelier (a linear falloff). Each round it frees HANDOFF_OPS blocks scattered
+ * over its set, then allocates as many into scattered slots (freeing what a slot still
+ * holds); every other round it also allocates HANDOFF_OPS blocks and hands them to the next
+ * thread, which frees them at its next round (a thread that runs ahead frees a batch itself
+ * when the next one has HANDOFF_QUEUED waiting, so the heap stays bounded). Half of the
+ * blocks are over 4 KiB. ---- */
+#define HANDOFF_SLOTS 1000
+#define HANDOFF_OPS 100
+#define HANDOFF_QUEUED 4
+
+struct handoff_batch {
+    struct handoff_batch *next;
+    char *block[HANDOFF_OPS];
+};
+
+struct handoff_arg {
+    struct ctx c;
+    pthread_mutex_t lock;          /* guards inbox and queued */
+    struct handoff_batch *inbox;   /* batches handed to this thread */
+    int queued;                    /* batches in inbox */
+    struct handoff_arg *next;      /* the thread this one hands batches to */
+};
+
+static char *handoff_block(struct ctx *c)
+{
+    size_t a = uniform(c, 8, 16000), b = uniform(c, 8, 16000);
+    size_t len = a < b ? a : b; /* the lower of two uniform draws: a linear falloff */
+    char *p = xmalloc(c, len);
+    memset(p, (int)len, len < 64 ? len : 64);
+    return p;
+}
+
+static void handoff_free(struct handoff_batch *batch)
+{
+    while (batch) {
+        struct handoff_batch *next = batch->next;
+        for (int k = 0; k < HANDOFF_OPS; k++)
+            free(batch->block[k]);
+        free(batch);
+        batch = next;
+    }
+}
+
+static void handoff_drain(struct handoff_arg *a)
+{
+    pthread_mutex_lock(&a->lock);
+    struct handoff_batch *batch = a->inbox;
+    a->inbox = NULL;
+    a->queued = 0;
+    pthread_mutex_unlock(&a->lock);
+    handoff_free(batch);
+}
+
+static void *handoff_thread(void *arg)
+{
+    struct handoff_arg *a = arg;
+    struct ctx *c = &a->c;
+    char **slot = xmalloc(c, HANDOFF_SLOTS * sizeof *slot);
+    for (int k = 0; k < HANDOFF_SLOTS; k++)
+        slot[k] = handoff_block(c);
+    size_t rounds = scaled(c, 2000);
+    for (size_t r = 0; r < rounds; r++) {
+        for (int i = 0; i < HANDOFF_OPS; i++) {
+            size_t k = bench_rng_below(&c->rng, HANDOFF_SLOTS);
+            free(slot[k]);
+            slot[k] = NULL;
+        }
+        for (int i = 0; i < HANDOFF_OPS; i++) {
+            size_t k = bench_rng_below(&c->rng, HANDOFF_SLOTS);
+            free(slot[k]);
+            slot[k] = handoff_block(c);
+        }
+        if (r % 2) {
+            struct handoff_batch *batch = xmalloc(c, sizeof *batch);
+            for (int k = 0; k < HANDOFF_OPS; k++)
+                batch->block[k] = handoff_block(c);
+            batch->next = NULL;
+            pthread_mutex_lock(&a->next->lock);
+            bool room = a->next->queued < HANDOFF_QUEUED;
+            if (room) {
+                batch->next = a->next->inbox;
+                a->next->inbox = batch;
+                a->next->queued++;
+            }
+            pthread_mutex_unlock(&a->next->lock);
+            if (!room)
+                handoff_free(batch);
+        }
+        handoff_drain(a);
+    }
+    for (int k = 0; k < HANDOFF_SLOTS; k++)
+        free(slot[k]);
+    free(slot);
+    return NULL;
+}
+
+static void handoff(struct ctx *c)
+{
+    int threads = cpu_share(c, 2);
+    struct handoff_arg *args = xaligned_calloc((size_t)threads, sizeof *args);
+    for (int i = 0; i < threads; i++) {
+        args[i].c = (struct ctx){.scale = c->scale, .copies = c->copies};
+        bench_rng_seed(&args[i].c.rng, bench_rng_next(&c->rng));
+        pthread_mutex_init(&args[i].lock, NULL);
+        args[i].next = &args[(i + 1) % threads];
+    }
+    run_threads(threads, handoff_thread, args, sizeof args[0]);
+    for (int i = 0; i < threads; i++) {
+        handoff_drain(&args[i]); /* what the next thread handed over after this one ended */
+        pthread_mutex_destroy(&args[i].lock);
+        c->ops += args[i].c.ops;
+    }
+    free(args);
+}
+
 /* ---- the table, the harness ---- */
 struct workload {
     const char *name;
@@ -1001,6 +1118,7 @@ static const struct workload workloads[] = {
     {"prodcons", prodcons, NULL, "producers malloc messages, consumers free them, many to many"},
     {"bigfill", bigfill, NULL, "blocks of 5..25 MiB replaced at random, each zero-filled"},
     {"scratch", scratch, NULL, "threads free blocks made by another, then write their own"},
+    {"handoff", handoff, NULL, "threads replace blocks of 8 B..16 KB, handing batches to the next to free"},
 };
 #define NWORKLOADS (sizeof workloads / sizeof workloads[0])
 
