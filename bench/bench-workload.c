@@ -1118,7 +1118,7 @@ static const struct workload workloads[] = {
     {"prodcons", prodcons, NULL, "producers malloc messages, consumers free them, many to many"},
     {"bigfill", bigfill, NULL, "blocks of 5..25 MiB replaced at random, each zero-filled"},
     {"scratch", scratch, NULL, "threads free blocks made by another, then write their own"},
-    {"handoff", handoff, NULL, "threads replace blocks of 8 B..16 KB, handing batches to the next to free"},
+    {"handoff", handoff, NULL, "threads replace blocks of 8..16000 bytes, hand batches on to free"},
 };
 #define NWORKLOADS (sizeof workloads / sizeof workloads[0])
 

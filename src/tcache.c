@@ -44,12 +44,13 @@ static size_t grown_bytes;
  * FM_BIN_START_ROOM_MIN blocks (at most its largest limit), so a new thread's bins fit in
  * one page of slots and a bin's first growths move nothing: a move shifts every bin above,
  * and a short-lived thread that takes a few blocks of one large class would grow its
- * one-block bin twice. A bin that grows past its room gets room for its new limit and no more: every
- * page of the array that the bins pass through on their way up stays resident while the
- * thread lives, so spare room costs memory, where a move costs little (a bin doubles at
- * most 11 times). */
+ * one-block bin twice. A bin that grows past its room gets room for its new limit and no
+ * more: every page of the array that the bins pass through on their way up stays resident
+ * while the thread lives, so spare room costs memory, where a move costs little (a bin
+ * doubles at most 11 times). */
 static int32_t start_room(unsigned cls) {
-  int32_t room = 2 * limit_start[cls] > FM_BIN_START_ROOM_MIN ? 2 * limit_start[cls] : FM_BIN_START_ROOM_MIN;
+  int32_t room = 2 * limit_start[cls];
+  if (room < FM_BIN_START_ROOM_MIN) room = FM_BIN_START_ROOM_MIN;
   return room < limit_max[cls] ? room : limit_max[cls];
 }
 
@@ -238,7 +239,8 @@ static void **page_slot_filled(fm_tcache *tc, unsigned pages) {
 static size_t page_blocks_cached(fm_tcache *tc) {
   size_t count = 0;
   for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
-    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++) count += tc->bins->page_blocks[pages][k] != NULL;
+    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
+      count += tc->bins->page_blocks[pages][k] != NULL;
   return count;
 }
 
