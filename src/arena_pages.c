@@ -134,8 +134,9 @@ void arena_free_pages(void *p) {
   span->used -= pages;
   arena->counters.page_blocks_given++;
   page_span_relist(arena, span);
-  /* A purge tick reads the clock: every 16th of these frees looks whether one is due. */
-  if (++arena->page_frees % 16) lock_release(&arena->lock, threaded);
+  /* A purge tick reads the clock: every FM_TICK_PAGE_FREES of these frees looks whether
+   * one is due. */
+  if (++arena->page_frees % FM_TICK_PAGE_FREES) lock_release(&arena->lock, threaded);
   else arena_unlock_after_free(arena, threaded);
 }
 

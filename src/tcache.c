@@ -221,11 +221,15 @@ static void flush_page_blocks(fm_tcache *tc) {
         page_block_give_back(page_slot_take(tc, &tc->bins->page_blocks[pages][k], pages));
 }
 
-/* The slot of this thread's page-block cache for blocks of `pages` pages that holds p (NULL:
- * a free slot), or NULL. */
-static void **page_slot_of(fm_tcache *tc, const void *p, unsigned pages) {
-  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
-    if (tc->bins->page_blocks[pages][k] == p) return &tc->bins->page_blocks[pages][k];
+/* The slot of this thread's page-block cache for blocks of `pages` pages that holds p, or
+ * NULL; *free_slot: the first free one, or NULL. */
+static void **page_slot_find(fm_tcache *tc, const void *p, unsigned pages, void ***free_slot) {
+  void **slots = tc->bins->page_blocks[pages];
+  *free_slot = NULL;
+  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++) {
+    if (slots[k] == p) return &slots[k];
+    if (!slots[k] && !*free_slot) *free_slot = &slots[k];
+  }
   return NULL;
 }
 
@@ -248,7 +252,8 @@ bool tcache_marked_page_block_is_free(const void *p) {
   unsigned pages = page_block_pages(p);
   fm_tcache *tc = &tcache_tls;
   if (!pages) return false;
-  if (tc->state == FM_TCACHE_LIVE && page_slot_of(tc, p, pages)) return true;
+  void **free_slot;
+  if (tc->state == FM_TCACHE_LIVE && page_slot_find(tc, p, pages, &free_slot)) return true;
   return thread_other_caches_hold_page_block(tc->state == FM_TCACHE_LIVE ? tc->bins : NULL, p,
                                              pages);
 }
@@ -656,12 +661,9 @@ static fm_noinline void free_pages_slow(void *p) {
   if (!pages || tc->state != FM_TCACHE_LIVE) return arena_free_pages(p);
   /* (a sweep may give the cached blocks back: before reading them) */
   clock_count(tc, FM_TICK_FREES / FM_TICK_PAGE_FREES);
-  void **slots = tc->bins->page_blocks[pages], **free_slot = NULL;
-  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++) {
-    if (slots[k] == p) diag_fatal(DIAG_DOUBLE_FREE, p);
-    if (!slots[k] && !free_slot) free_slot = &slots[k];
-  }
-  if (tcache_page_block_is_free(p)) diag_fatal(DIAG_DOUBLE_FREE, p);
+  void **free_slot;
+  if (page_slot_find(tc, p, pages, &free_slot) || tcache_page_block_is_free(p))
+    diag_fatal(DIAG_DOUBLE_FREE, p);
   tc->activity[FM_CLASS_PAGES] |= BIN_OVERFLOWED;
   if (!free_slot || tc->bins->page_blocks_pages + pages > FM_PAGE_CACHE_PAGES)
     return arena_free_pages(p);
