@@ -1,6 +1,7 @@
 /* Page blocks: blocks of 8-64 KiB as runs of whole pages in page spans, a unit each, whose
  * free pages and block starts are masks in the span's header. */
 #include "arena_internal.h"
+#include "bin.h"
 
 static uint8_t longest_in_byte[256];   /* the longest run of set bits in each byte value */
 
@@ -72,6 +73,7 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
   fm_assert(pages >= 1 && pages <= FM_PAGES_PER_UNIT && align_pages <= FM_PAGES_PER_UNIT);
   bool threaded = lock_threaded();
   lock_take(&arena->lock, threaded);
+  arena_free_remote_page_blocks(arena);
   /* Where the block goes: the lowest page that began a block before, in the first span
    * of a list that holds it (an aligned block: the first span that does), the shortest
    * list first; else the lowest page in that span of the shortest list; else an empty
@@ -115,12 +117,10 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
   return p;
 }
 
-void arena_free_pages(void *p) {
-  fm_span *span = span_of(p);
-  fm_arena *arena = span->arena;
-  bool threaded = lock_threaded();
-  lock_take(&arena->lock, threaded);
-  if (in_abandoned_chunk(arena, p)) return lock_release(&arena->lock, threaded);
+/* Frees page block p of span, whose arena's lock the caller holds; returns 1, or 0 for a
+ * block of a chunk its arena abandoned (nothing to update). */
+static fm_always_inline uint32_t page_block_free_locked(fm_arena *arena, fm_span *span, void *p) {
+  if (in_abandoned_chunk(arena, p)) return 0;
   unsigned first = page_index(p);
   if (fm_unlikely(!page_block_at(span, p)))
     diag_fatal(span->cls == FM_CLASS_PAGES && !((uintptr_t)p & (FM_PAGE_SIZE - 1)) &&
@@ -134,9 +134,57 @@ void arena_free_pages(void *p) {
   span->used -= pages;
   arena->counters.page_blocks_given++;
   page_span_relist(arena, span);
+  return 1;
+}
+
+/* Frees the page blocks that threads of other arenas handed over, under the arena's lock;
+ * returns how many. Each loses its mark on the way: a live block that kept it would cost
+ * its free a look here. */
+static fm_noinline uint32_t remote_page_blocks_free_locked(fm_arena *arena) {
+  void *p = __atomic_exchange_n(&arena->remote_page_blocks, NULL, __ATOMIC_ACQUIRE);
+  uint32_t freed = 0;
+  while (p) {
+    void *next = *(void **)p;
+    mark_set(p, NULL);
+    freed += page_block_free_locked(arena, span_of(p), p);   /* (a block twice: reported) */
+    p = next;
+  }
+  return freed;
+}
+
+void arena_free_page_block_remote(fm_arena *owner, void *p) {
+  mark_set(p, (const void *)FM_REMOTE_MARK);
+  void *head = __atomic_load_n(&owner->remote_page_blocks, __ATOMIC_RELAXED);
+  do *(void **)p = head;
+  while (!__atomic_compare_exchange_n(&owner->remote_page_blocks, &head, p, true,
+                                      __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+}
+
+void arena_free_remote_page_blocks(fm_arena *arena) {
+  if (__atomic_load_n(&arena->remote_page_blocks, __ATOMIC_RELAXED))
+    arena->page_frees += remote_page_blocks_free_locked(arena);
+}
+
+bool arena_page_block_freed_remotely(void *p) {
+  fm_span *span = span_of(p);
+  fm_arena *arena = span->arena;
+  bool threaded = lock_threaded();
+  lock_take(&arena->lock, threaded);
+  arena_free_remote_page_blocks(arena);
+  bool freed = !page_block_at(span, p);
+  lock_release(&arena->lock, threaded);
+  return freed;
+}
+
+void arena_free_pages(void *p) {
+  fm_span *span = span_of(p);
+  fm_arena *arena = span->arena;
+  bool threaded = lock_threaded();
+  lock_take(&arena->lock, threaded);
   /* A purge tick reads the clock: every FM_TICK_PAGE_FREES of these frees looks whether
    * one is due. */
-  if (++arena->page_frees % FM_TICK_PAGE_FREES) lock_release(&arena->lock, threaded);
+  arena->page_frees += page_block_free_locked(arena, span, p);
+  if (arena->page_frees % FM_TICK_PAGE_FREES) lock_release(&arena->lock, threaded);
   else arena_unlock_after_free(arena, threaded);
 }
 

@@ -248,7 +248,8 @@ static size_t page_blocks_cached(fm_tcache *tc) {
   return count;
 }
 
-bool tcache_marked_page_block_is_free(const void *p) {
+bool tcache_marked_page_block_is_free(void *p) {
+  if (((const uintptr_t *)p)[1] == FM_REMOTE_MARK) return arena_page_block_freed_remotely(p);
   unsigned pages = page_block_pages(p);
   fm_tcache *tc = &tcache_tls;
   if (!pages) return false;
@@ -651,16 +652,24 @@ fm_block_state tcache_block_state(void *p, unsigned cls) {
   return unit_map_class_checked(mark) == FM_CLASS_BINS ? BLOCK_UNSURE : BLOCK_LIVE;
 }
 
-/* free of a page block: into its length's place in the cache when that is empty, else
- * back to its arena (giving back the cached block instead, to keep the newer one, would
- * store into a block long out of the CPU's cache). A pointer that starts no live block
- * gets the arena's verdict. */
+/* free of a page block of the thread's arena: into its length's place in the cache when
+ * that is empty, else back to the arena (giving back the cached block instead, to keep the
+ * newer one, would store into a block long out of the CPU's cache). A block of another
+ * arena goes to that arena's list of handed-over blocks. A pointer that starts no live
+ * block gets the arena's verdict. */
 static fm_noinline void free_pages_slow(void *p) {
   fm_tcache *tc = current();
   unsigned pages = page_block_pages(p);
   if (!pages || tc->state != FM_TCACHE_LIVE) return arena_free_pages(p);
   /* (a sweep may give the cached blocks back: before reading them) */
   clock_count(tc, FM_TICK_FREES / FM_TICK_PAGE_FREES);
+  /* (cached here, it would go back through its arena's lock when this cache overflows,
+   * while that arena's threads take the lock for their own page blocks) */
+  fm_arena *owner = chunk_of(p)->arena;
+  if (owner != tc->arena) {
+    if (tcache_page_block_is_free(p)) diag_fatal(DIAG_DOUBLE_FREE, p);
+    return arena_free_page_block_remote(owner, p);
+  }
   void **free_slot;
   if (page_slot_find(tc, p, pages, &free_slot) || tcache_page_block_is_free(p))
     diag_fatal(DIAG_DOUBLE_FREE, p);

@@ -115,12 +115,14 @@ fm_block_state tcache_block_state(void *p, unsigned cls);
  * of its length, else one from the thread's arena; NULL when the thread has no cache (not
  * set up, or exited) or the arena no memory. */
 void *tcache_malloc_pages(size_t size);
-/* Whether page block p, live as far as its span can tell, is freed: in a thread's cache.
- * Only a block whose second word holds FM_FREED_MARK can be: that test is inline, the
- * search of every cache is not. */
-bool tcache_marked_page_block_is_free(const void *p);
-static inline bool tcache_page_block_is_free(const void *p) {
-  return FM_FREE_MARK && ((const uintptr_t *)p)[1] == FM_FREED_MARK &&
+/* Whether page block p, live as far as its span can tell, is freed: in a thread's cache,
+ * or handed to its arena by another arena's thread. Only a block whose second word holds
+ * FM_FREED_MARK or FM_REMOTE_MARK can be: that test is inline, the search of every cache
+ * or of what the arena was handed is not. */
+bool tcache_marked_page_block_is_free(void *p);
+static inline bool tcache_page_block_is_free(void *p) {
+  /* (the two marks differ in bit 1 only: one compare) */
+  return FM_FREE_MARK && (((const uintptr_t *)p)[1] | 2) == (FM_FREED_MARK | 2) &&
          tcache_marked_page_block_is_free(p);
 }
 

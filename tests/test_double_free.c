@@ -148,6 +148,23 @@ static void twice_second_in_thread(void *arg) {
   after_double_free(n);
 }
 
+/* A thread of another arena frees the block twice: the first free hands it to its arena
+ * (page blocks), the second must not hand it over again. */
+static void *free_twice(void *p) {
+  free(p);
+  free(fmt_launder(p));
+  return NULL;
+}
+
+static void twice_in_other_thread(void *arg) {
+  size_t n = (uintptr_t)arg;
+  void *p = marked(n);
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_twice, p) != 0) child_fails("thread");
+  pthread_join(thread, NULL);
+  after_double_free(n);
+}
+
 static const char *const reports[] = {"free(): double free detected",
                                       "double free or corruption of a free block"};
 
@@ -206,6 +223,7 @@ static void test_twice_across_threads(void **state) {
   for (unsigned i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     expect_double_free_report(twice_across_threads, sizes[i], "freed again by another thread");
     expect_double_free_report(twice_second_in_thread, sizes[i], "second free in a thread");
+    expect_double_free_report(twice_in_other_thread, sizes[i], "freed twice by another thread");
   }
 }
 

@@ -224,28 +224,31 @@ static void test_freed_heap_purged_while_cycling_pairs(void **state) {
   check_freed_heap_purged_while_cycling(false, 8);
 }
 
-/* Two threads that pass blocks to each other (each frees the other's last round, of 2000
- * blocks of 16 bytes to 2 KiB, then allocates its own): RSS after 400 rounds stays within
- * 16 MiB of where 40 rounds left it. Blocks stranded in the freeing thread's cache, or spans
- * the owner never reuses, would add up to about 2 MiB a round. */
+/* Two threads that pass blocks to each other (each frees the other's last round, then
+ * allocates its own): RSS after 400 rounds stays within 16 MiB of where 40 rounds left it.
+ * Small blocks, 2000 a round of 16 bytes to 2 KiB: blocks stranded in the freeing thread's
+ * cache, or spans the owner never reuses, would add up to about 2 MiB a round. Page
+ * blocks, 200 a round of 8-64 KiB: blocks handed to the owning arena and never freed there
+ * would add up to about 7 MiB a round. */
 enum { PASS_BLOCKS = 2000, PASS_ROUNDS = 400, PASS_WARM = 40 };
 static void *pass_blocks[2][PASS_BLOCKS];
 static pthread_barrier_t pass_round;
 static size_t pass_rss_warm;
+static struct { unsigned blocks; size_t least, range; } pass_kind;
 
 static void *pass_blocks_run(void *arg) {
   unsigned me = (unsigned)(uintptr_t)arg;
   uint64_t rng = fmt_seed_state(me + 11);
   for (int round = 0; round < PASS_ROUNDS; round++) {
-    for (unsigned i = 0; i < PASS_BLOCKS; i++) {
+    for (unsigned i = 0; i < pass_kind.blocks; i++) {
       free(pass_blocks[!me][i]);   /* the other thread's, from the last round */
       pass_blocks[!me][i] = NULL;
     }
     pthread_barrier_wait(&pass_round);
-    for (unsigned i = 0; i < PASS_BLOCKS; i++) {
-      size_t n = 16 + fmt_rand(&rng) % 2033;
+    for (unsigned i = 0; i < pass_kind.blocks; i++) {
+      size_t n = pass_kind.least + fmt_rand(&rng) % pass_kind.range;
       assert_non_null(pass_blocks[me][i] = malloc(n));
-      memset(pass_blocks[me][i], (int)i, n);
+      memset(pass_blocks[me][i], (int)i, n < 4096 ? n : 4096);
     }
     pthread_barrier_wait(&pass_round);
     if (round == PASS_WARM && me == 0) pass_rss_warm = fmt_rss();
@@ -253,7 +256,10 @@ static void *pass_blocks_run(void *arg) {
   return arg;
 }
 
-static void test_blocks_passed_between_threads_rss_bounded(void **state) {
+static void expect_passed_blocks_rss_bounded(unsigned blocks, size_t least, size_t most) {
+  pass_kind.blocks = blocks;
+  pass_kind.least = least;
+  pass_kind.range = most - least + 1;
   pthread_t t[2];
   assert_int_equal(pthread_barrier_init(&pass_round, NULL, 2), 0);
   for (uintptr_t i = 0; i < 2; i++)
@@ -261,12 +267,24 @@ static void test_blocks_passed_between_threads_rss_bounded(void **state) {
   for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
   size_t rss_end = fmt_rss();
   for (int me = 0; me < 2; me++)
-    for (unsigned i = 0; i < PASS_BLOCKS; i++) free(pass_blocks[me][i]);
+    for (unsigned i = 0; i < blocks; i++) {
+      free(pass_blocks[me][i]);
+      pass_blocks[me][i] = NULL;
+    }
   pthread_barrier_destroy(&pass_round);
-  print_message("blocks passed between threads: rss %zu after %d rounds, %zu after %d\n",
-                pass_rss_warm, PASS_WARM, rss_end, PASS_ROUNDS);
+  print_message("blocks of %zu-%zu bytes passed between threads: rss %zu after %d rounds, "
+                "%zu after %d\n", least, most, pass_rss_warm, PASS_WARM, rss_end, PASS_ROUNDS);
   if (rss_end > pass_rss_warm + 16 * FMT_MIB)
-    fail_msg("RSS grew from %zu to %zu while two threads passed blocks", pass_rss_warm, rss_end);
+    fail_msg("RSS grew from %zu to %zu while two threads passed blocks of %zu-%zu bytes",
+             pass_rss_warm, rss_end, least, most);
+}
+
+static void test_blocks_passed_between_threads_rss_bounded(void **state) {
+  expect_passed_blocks_rss_bounded(PASS_BLOCKS, 16, 2048);
+}
+
+static void test_page_blocks_passed_between_threads_rss_bounded(void **state) {
+  expect_passed_blocks_rss_bounded(200, 8 * 1024 + 1, 64 * 1024);
 }
 
 /* A thread's cache holds at most its byte budget (FASTMALLOC_TCACHE_MAX, 4 MiB by default):
@@ -592,6 +610,7 @@ int main(void) {
       cmocka_unit_test(test_freed_heap_purged_while_cycling_a_batch),
       cmocka_unit_test(test_freed_heap_purged_while_cycling_pairs),
       cmocka_unit_test(test_blocks_passed_between_threads_rss_bounded),
+      cmocka_unit_test(test_page_blocks_passed_between_threads_rss_bounded),
       cmocka_unit_test(test_thread_cache_within_budget),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
