@@ -137,6 +137,15 @@ static fm_always_inline uint32_t page_block_free_locked(fm_arena *arena, fm_span
   return 1;
 }
 
+/* Whether p may be a page block handed over to the arena, as the link from the one before
+ * says: the start of a page of one of its page spans, marked as handed over. A write into
+ * a handed-over block's first two words fails it. */
+static bool handed_over(const fm_arena *arena, const void *p) {
+  return !((uintptr_t)p & (FM_PAGE_SIZE - 1)) && unit_map_class_checked(p) == FM_CLASS_PAGES &&
+         chunk_of(p)->arena == arena &&
+         (!FM_FREE_MARK || ((const uintptr_t *)p)[1] == FM_REMOTE_MARK);
+}
+
 /* Frees the page blocks that threads of other arenas handed over, under the arena's lock;
  * returns how many. Each loses its mark on the way: a live block that kept it would cost
  * its free a look here. */
@@ -145,6 +154,7 @@ static fm_noinline uint32_t remote_page_blocks_free_locked(fm_arena *arena) {
   uint32_t freed = 0;
   while (p) {
     void *next = *(void **)p;
+    if (next && !handed_over(arena, next)) diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
     mark_set(p, NULL);
     freed += page_block_free_locked(arena, span_of(p), p);   /* (a block twice: reported) */
     p = next;

@@ -50,6 +50,24 @@ static void free_page_interior(void *arg) {
   free(fmt_launder(p + (uintptr_t)arg));
 }
 
+/* A write into a freed page block of the main thread's arena that a thread of another
+ * arena (FASTMALLOC_ARENAS=2: the thread takes the second) handed over, over its link to
+ * the next such block: the main thread's next page-block malloc frees them. */
+static void *free_two(void *blocks) {
+  free(((void **)blocks)[1]);
+  free(((void **)blocks)[0]);
+  return NULL;
+}
+
+static void write_into_handed_over_page_block(void *arg) {
+  void *blocks[2] = {malloc(40000), malloc(40000)};
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_two, blocks) != 0 || pthread_join(thread, NULL) != 0)
+    _exit(90);
+  memset(fmt_launder(blocks[0]), 0x5a, 16);
+  free(fmt_launder(malloc(40000)));
+}
+
 /* A write into the block between its two frees, over its mark. */
 static void double_free_after_write(void *arg) {
   char *p = malloc(64);
@@ -188,6 +206,8 @@ static void test_bad_blocks_given_back(void **state) {
   expect_report(free_page_interior, (void *)(uintptr_t)48, "free of a pointer inside a block of pages",
                 "free(): invalid pointer");
   expect_abort(double_free_after_write, NULL, "double free after a write");
+  expect_report(write_into_handed_over_page_block, NULL,
+                "write into a page block handed to its arena", "double free or corruption of a free block");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
   expect_report(free_misaligned_slow_path, NULL, "misaligned free on the slow path",
                 "free(): invalid pointer");
