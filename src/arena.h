@@ -53,7 +53,7 @@ typedef struct fm_arena {
   /* Page blocks that threads of other arenas freed, linked through their first word: the
    * arena frees them under its lock (arena_pages.c). A line of its own: those threads
    * write it, never the rest. */
-  void *remote_page_blocks __attribute__((aligned(64)));
+  void *handed_over_page_blocks __attribute__((aligned(64)));
 } __attribute__((aligned(64))) fm_arena;
 
 extern fm_hidden fm_arena arenas[FM_ARENAS_MAX];
@@ -110,14 +110,14 @@ void arena_free_pages(void *p);
  * FM_UNIT_SIZE): gives back its last pages, or takes the free pages that follow it;
  * false when they are not free. */
 bool arena_resize_pages(void *p, size_t size);
-/* Hands page block p, marked FM_REMOTE_MARK (bin.h), to its arena `owner` without its
+/* Hands page block p, marked FM_HANDED_OVER_MARK (bin.h), to its arena `owner` without its
  * lock, for the arena's next page-block malloc or purge to free. A freeing thread of
  * another arena takes no lock the arena's own threads take, and writes none of its
  * spans' headers. */
-void arena_free_page_block_remote(fm_arena *owner, void *p);
+void arena_hand_over_page_block(fm_arena *owner, void *p);
 /* Whether page block p, whose mark says it was handed to its arena that way, is free:
  * frees what the arena was handed, then asks the span. */
-bool arena_page_block_freed_remotely(void *p);
+bool arena_handed_over_page_block_is_free(void *p);
 /* Bytes in page block p (under its arena's lock); 0 when p starts no block out. */
 size_t arena_pages_usable_size(const void *p);
 

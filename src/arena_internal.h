@@ -69,7 +69,7 @@ void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full);
  * (releasing the lock taken with `threaded`). */
 void arena_unlock_after_free(fm_arena *arena, bool threaded);
 /* Frees the page blocks that threads of other arenas handed over (arena_pages.c). */
-void arena_free_remote_page_blocks(fm_arena *arena);
+void arena_free_handed_over_page_blocks(fm_arena *arena);
 
 /* Purge the free pages inside a partly used span (malloc_trim); return their bytes. */
 size_t arena_small_span_purge(fm_span *span);

@@ -73,7 +73,7 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
   fm_assert(pages >= 1 && pages <= FM_PAGES_PER_UNIT && align_pages <= FM_PAGES_PER_UNIT);
   bool threaded = lock_threaded();
   lock_take(&arena->lock, threaded);
-  arena_free_remote_page_blocks(arena);
+  arena_free_handed_over_page_blocks(arena);
   /* Where the block goes: the lowest page that began a block before, in the first span
    * of a list that holds it (an aligned block: the first span that does), the shortest
    * list first; else the lowest page in that span of the shortest list; else an empty
@@ -137,24 +137,26 @@ static fm_always_inline uint32_t page_block_free_locked(fm_arena *arena, fm_span
   return 1;
 }
 
-/* Whether p may be a page block handed over to the arena, as the link from the one before
- * says: the start of a page of one of its page spans, marked as handed over. A write into
- * a handed-over block's first two words fails it. */
-static bool handed_over(const fm_arena *arena, const void *p) {
-  return !((uintptr_t)p & (FM_PAGE_SIZE - 1)) && unit_map_class_checked(p) == FM_CLASS_PAGES &&
-         chunk_of(p)->arena == arena &&
-         (!FM_FREE_MARK || ((const uintptr_t *)p)[1] == FM_REMOTE_MARK);
+/* Checks p, the link from handed-over page block `from`: it must start a page of one of the
+ * arena's page spans, else `from`'s link was overwritten; and carry the handed-over mark,
+ * else it was written into. */
+static void handed_over_check(const fm_arena *arena, void *p, void *from) {
+  if (((uintptr_t)p & (FM_PAGE_SIZE - 1)) || unit_map_class_checked(p) != FM_CLASS_PAGES ||
+      chunk_of(p)->arena != arena)
+    diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from);
+  if (FM_FREE_MARK && ((const uintptr_t *)p)[1] != FM_HANDED_OVER_MARK)
+    diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
 }
 
 /* Frees the page blocks that threads of other arenas handed over, under the arena's lock;
  * returns how many. Each loses its mark on the way: a live block that kept it would cost
  * its free a look here. */
-static fm_noinline uint32_t remote_page_blocks_free_locked(fm_arena *arena) {
-  void *p = __atomic_exchange_n(&arena->remote_page_blocks, NULL, __ATOMIC_ACQUIRE);
+static fm_noinline uint32_t handed_over_page_blocks_free_locked(fm_arena *arena) {
+  void *p = __atomic_exchange_n(&arena->handed_over_page_blocks, NULL, __ATOMIC_ACQUIRE);
   uint32_t freed = 0;
   while (p) {
     void *next = *(void **)p;
-    if (next && !handed_over(arena, next)) diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
+    if (next) handed_over_check(arena, next, p);
     mark_set(p, NULL);
     freed += page_block_free_locked(arena, span_of(p), p);   /* (a block twice: reported) */
     p = next;
@@ -162,25 +164,25 @@ static fm_noinline uint32_t remote_page_blocks_free_locked(fm_arena *arena) {
   return freed;
 }
 
-void arena_free_page_block_remote(fm_arena *owner, void *p) {
-  mark_set(p, (const void *)FM_REMOTE_MARK);
-  void *head = __atomic_load_n(&owner->remote_page_blocks, __ATOMIC_RELAXED);
+void arena_hand_over_page_block(fm_arena *owner, void *p) {
+  mark_set(p, (const void *)FM_HANDED_OVER_MARK);
+  void *head = __atomic_load_n(&owner->handed_over_page_blocks, __ATOMIC_RELAXED);
   do *(void **)p = head;
-  while (!__atomic_compare_exchange_n(&owner->remote_page_blocks, &head, p, true,
+  while (!__atomic_compare_exchange_n(&owner->handed_over_page_blocks, &head, p, true,
                                       __ATOMIC_RELEASE, __ATOMIC_RELAXED));
 }
 
-void arena_free_remote_page_blocks(fm_arena *arena) {
-  if (__atomic_load_n(&arena->remote_page_blocks, __ATOMIC_RELAXED))
-    arena->page_frees += remote_page_blocks_free_locked(arena);
+void arena_free_handed_over_page_blocks(fm_arena *arena) {
+  if (__atomic_load_n(&arena->handed_over_page_blocks, __ATOMIC_RELAXED))
+    arena->page_frees += handed_over_page_blocks_free_locked(arena);
 }
 
-bool arena_page_block_freed_remotely(void *p) {
+bool arena_handed_over_page_block_is_free(void *p) {
   fm_span *span = span_of(p);
   fm_arena *arena = span->arena;
   bool threaded = lock_threaded();
   lock_take(&arena->lock, threaded);
-  arena_free_remote_page_blocks(arena);
+  arena_free_handed_over_page_blocks(arena);
   bool freed = !page_block_at(span, p);
   lock_release(&arena->lock, threaded);
   return freed;

@@ -23,9 +23,9 @@
 #include "diag.h"
 
 #define FM_FREED_MARK diag_key
-/* A page block handed to its arena by another arena's thread (arena_free_page_block_remote);
+/* A page block handed to its arena by another arena's thread (arena_hand_over_page_block);
  * differs from FM_FREED_MARK in bit 1 alone. */
-#define FM_REMOTE_MARK (diag_key ^ 2)
+#define FM_HANDED_OVER_MARK (diag_key ^ 2)
 
 /* The sentinel block: its second word, 0, names no slot. */
 extern fm_hidden const uintptr_t bin_sentinel[2];

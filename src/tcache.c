@@ -249,7 +249,7 @@ static size_t page_blocks_cached(fm_tcache *tc) {
 }
 
 bool tcache_marked_page_block_is_free(void *p) {
-  if (((const uintptr_t *)p)[1] == FM_REMOTE_MARK) return arena_page_block_freed_remotely(p);
+  if (((const uintptr_t *)p)[1] == FM_HANDED_OVER_MARK) return arena_handed_over_page_block_is_free(p);
   unsigned pages = page_block_pages(p);
   fm_tcache *tc = &tcache_tls;
   if (!pages) return false;
@@ -668,7 +668,7 @@ static fm_noinline void free_pages_slow(void *p) {
   fm_arena *owner = chunk_of(p)->arena;
   if (owner != tc->arena) {
     if (tcache_page_block_is_free(p)) diag_fatal(DIAG_DOUBLE_FREE, p);
-    return arena_free_page_block_remote(owner, p);
+    return arena_hand_over_page_block(owner, p);
   }
   void **free_slot;
   if (page_slot_find(tc, p, pages, &free_slot) || tcache_page_block_is_free(p))

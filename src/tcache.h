@@ -117,7 +117,7 @@ fm_block_state tcache_block_state(void *p, unsigned cls);
 void *tcache_malloc_pages(size_t size);
 /* Whether page block p, live as far as its span can tell, is freed: in a thread's cache,
  * or handed to its arena by another arena's thread. Only a block whose second word holds
- * FM_FREED_MARK or FM_REMOTE_MARK can be: that test is inline, the search of every cache
+ * FM_FREED_MARK or FM_HANDED_OVER_MARK can be: that test is inline, the search of every cache
  * or of what the arena was handed is not. */
 bool tcache_marked_page_block_is_free(void *p);
 static inline bool tcache_page_block_is_free(void *p) {

@@ -165,6 +165,30 @@ static void twice_in_other_thread(void *arg) {
   after_double_free(n);
 }
 
+/* The same with a trim between the frees: the first copy goes back to the main thread's
+ * arena from a thread (of another arena, on a machine with two CPUs or more), the second,
+ * in the thread's bin, is handed out by the thread's mallocs. The span must not hand its
+ * copy out again: the report comes when the main thread's refill reaches it. */
+static void *free_trim_free_allocate(void *arg) {
+  size_t n = (uintptr_t)arg;
+  void *p = (void *)result->freed_twice;
+  free(p);
+  malloc_trim(0);
+  free(fmt_launder(p));
+  if (FM_FREE_MARK) allocate(n, 100);   /* (without: its exit gives its copy back) */
+  return NULL;
+}
+
+static void twice_handed_over(void *arg) {
+  void *keep = malloc((uintptr_t)arg);   /* (the span stays through the trim) */
+  marked((uintptr_t)arg);
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_trim_free_allocate, arg) != 0) child_fails("thread");
+  pthread_join(thread, NULL);
+  after_double_free((uintptr_t)arg);
+  free(keep);
+}
+
 static const char *const reports[] = {"free(): double free detected",
                                       "double free or corruption of a free block"};
 
@@ -227,6 +251,13 @@ static void test_twice_across_threads(void **state) {
   }
 }
 
+/* (small blocks: a page block's span may go back at the trim, and its second free then
+ * reads "invalid pointer") */
+static void test_twice_across_threads_handed_over(void **state) {
+  for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
+    expect_double_free_report(twice_handed_over, in_bins[i], "freed, trimmed, freed by a thread");
+}
+
 int main(void) {
   result = mmap(NULL, sizeof *result, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (result == MAP_FAILED) return 1;
@@ -236,6 +267,7 @@ int main(void) {
       cmocka_unit_test(test_twice_deeper_in_bin),
       cmocka_unit_test(test_twice_after_flush),
       cmocka_unit_test(test_twice_across_threads),
+      cmocka_unit_test(test_twice_across_threads_handed_over),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
