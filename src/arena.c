@@ -340,6 +340,7 @@ void arena_init_all(void (*on_tick)(void)) {
 size_t arena_purge(fm_arena *arena, fm_purge how) {
   bool all = how != FM_PURGE_STALE, pages = how != FM_UNMAP_EMPTY;
   size_t released = 0;
+  arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
@@ -446,7 +447,8 @@ void arena_unlock_all_after_fork(void) {
 static void arena_abandon(fm_arena *arena) {
   fm_arena fresh = {.generation = arena->generation + 1,
                     .next_purge_ns = arena->next_purge_ns,
-                    .purge_epoch = arena->purge_epoch};
+                    .purge_epoch = arena->purge_epoch,
+                    .threads = arena->threads};
   *arena = fresh;
 }
 

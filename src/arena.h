@@ -50,10 +50,13 @@ typedef struct fm_arena {
   uint64_t offset_refused;   /* purge_epoch + 1 when the OS refused a growth's purge here */
   bool idle_purged;        /* it purged everything since the arena was last used */
   arena_counters counters;
-  /* Page blocks that threads of other arenas freed, linked through their first word: the
-   * arena frees them under its lock (arena_pages.c). A line of its own: those threads
-   * write it, never the rest. */
-  void *handed_over_page_blocks __attribute__((aligned(64)));
+  /* Live threads dealt the arena (thread.c, under the registry's lock; others read it). */
+  uint32_t threads;
+  /* Small blocks and page blocks that threads of other arenas freed, linked through
+   * their first word: the arena frees them under its lock (arena_small.c, arena_pages.c).
+   * A line of their own: those threads write it, never the rest. */
+  void *handed_over_blocks __attribute__((aligned(64)));
+  void *handed_over_page_blocks;
 } __attribute__((aligned(64))) fm_arena;
 
 extern fm_hidden fm_arena arenas[FM_ARENAS_MAX];
@@ -89,8 +92,10 @@ void arena_tick_all(void);
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
                            bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
- * acquisition per owning arena, however they are mixed. Reorders blocks[]. home: the
- * freeing thread's arena (NULL: none), for the counters. */
+ * acquisition per owning arena, however they are mixed; in a threaded process, the blocks
+ * of another arena than home (the freeing thread's; NULL: none) that serves one thread
+ * are handed over to it without its lock, for its next refill or purge tick to free.
+ * Reorders blocks[]. */
 void arena_free_blocks(void **blocks, size_t n, const fm_arena *home);
 /* Bytes usable in the small block that starts at p, of class cls; 0 when p starts no block
  * of that class (an interior pointer, say). Takes no lock: it reads what does not change

@@ -68,7 +68,9 @@ void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full);
 /* Ends a call that freed into the arena: the purge tick when one is due, then the unlock
  * (releasing the lock taken with `threaded`). */
 void arena_unlock_after_free(fm_arena *arena, bool threaded);
-/* Frees the page blocks that threads of other arenas handed over (arena_pages.c). */
+/* Free the small blocks (arena_small.c) and the page blocks (arena_pages.c) that threads
+ * of other arenas handed over. */
+void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
 
 /* Purge the free pages inside a partly used span (malloc_trim); return their bytes. */

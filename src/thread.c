@@ -9,7 +9,6 @@
 static lock_t registry_lock = LOCK_INIT;
 static fm_bins_array *arrays_in_use, *arrays_pooled;
 static unsigned pool_count;
-static unsigned arena_threads[FM_ARENAS_MAX];   /* live threads dealt each arena */
 static size_t array_bytes;
 
 #define LIST_UNLINK(list, node)                            \
@@ -42,6 +41,11 @@ static void array_unmap(fm_bins_array *array) {
   os_unmap(array, array_bytes);
 }
 
+/* (other threads read the count without the registry's lock) */
+static void arena_threads_set(fm_arena *arena, uint32_t threads) {
+  __atomic_store_n(&arena->threads, threads, __ATOMIC_RELAXED);
+}
+
 bool thread_join(fm_bins_array **out, fm_arena **arena) {
   bool threaded = lock_threaded();
   lock_take(&registry_lock, threaded);
@@ -56,8 +60,8 @@ bool thread_join(fm_bins_array **out, fm_arena **arena) {
   LIST_PUSH(&arrays_in_use, array);
   unsigned least = 0;
   for (unsigned i = 1; i < arena_count; i++)
-    if (arena_threads[i] < arena_threads[least]) least = i;
-  arena_threads[least]++;
+    if (arenas[i].threads < arenas[least].threads) least = i;
+  arena_threads_set(&arenas[least], arenas[least].threads + 1);
   lock_release(&registry_lock, threaded);
   *out = array;
   *arena = &arenas[least];
@@ -67,7 +71,7 @@ bool thread_join(fm_bins_array **out, fm_arena **arena) {
 void thread_leave(fm_bins_array *array, fm_arena *arena) {
   bool threaded = lock_threaded();
   lock_take(&registry_lock, threaded);
-  arena_threads[arena - arenas]--;
+  arena_threads_set(arena, arena->threads - 1);
   LIST_UNLINK(&arrays_in_use, array);
   bool kept = pool_count < FM_BINS_POOL_MAX;
   if (kept) {
@@ -112,8 +116,8 @@ void thread_lock_for_fork(void) { lock_for_fork(&registry_lock); }
 void thread_unlock_after_fork(void) { lock_after_fork_parent(&registry_lock); }
 
 void thread_after_fork_child(fm_bins_array *own, const fm_arena *own_arena) {
-  memset(arena_threads, 0, sizeof arena_threads);
-  if (own_arena) arena_threads[own_arena - arenas] = 1;
+  for (unsigned i = 0; i < arena_count; i++)
+    arena_threads_set(&arenas[i], own_arena == &arenas[i]);
   if (!lock_after_fork_child(&registry_lock)) return;
   /* A borrower was cut off mid-update: the lists may be torn. Only this thread's array is
    * known to be sound; the rest stay mapped, unused. */

@@ -68,6 +68,20 @@ static void write_into_handed_over_page_block(void *arg) {
   free(fmt_launder(malloc(40000)));
 }
 
+/* The same for small blocks: a thread of the other arena frees two of the main thread's
+ * and ends (its cache gives them back, handed over to the main thread's arena, which
+ * serves that thread alone; a trim would free them at once); the main thread's refill
+ * frees them. */
+static void write_into_handed_over_block(void *arg) {
+  void *blocks[2] = {malloc(64), malloc(64)};
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_two, blocks) != 0 ||
+      pthread_join(thread, NULL) != 0)
+    _exit(90);
+  memset(fmt_launder(blocks[0]), 0x5a, 16);
+  for (int i = 0; i < 100000; i++) fmt_launder(malloc(64));
+}
+
 /* A write into the block between its two frees, over its mark. */
 static void double_free_after_write(void *arg) {
   char *p = malloc(64);
@@ -208,6 +222,8 @@ static void test_bad_blocks_given_back(void **state) {
   expect_abort(double_free_after_write, NULL, "double free after a write");
   expect_report(write_into_handed_over_page_block, NULL,
                 "write into a page block handed to its arena", "double free or corruption of a free block");
+  expect_report(write_into_handed_over_block, NULL, "write into a block handed to its arena",
+                "double free or corruption of a free block");
   expect_abort(free_span_tail, NULL, "free of a span's unused tail");
   expect_report(free_misaligned_slow_path, NULL, "misaligned free on the slow path",
                 "free(): invalid pointer");
