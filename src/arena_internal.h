@@ -68,6 +68,16 @@ void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full);
 /* Ends a call that freed into the arena: the purge tick when one is due, then the unlock
  * (releasing the lock taken with `threaded`). */
 void arena_unlock_after_free(fm_arena *arena, bool threaded);
+/* Pushes the chain first .. last (linked through their first words, last's link about to
+ * be written) onto a list of handed-over blocks with one compare-and-swap: the caller holds
+ * no lock, the list's arena frees them under its own. */
+static inline void handed_over_push(void **list, void *first, void *last) {
+  void *head = __atomic_load_n(list, __ATOMIC_RELAXED);
+  do *(void **)last = head;
+  while (!__atomic_compare_exchange_n(list, &head, first, true, __ATOMIC_RELEASE,
+                                      __ATOMIC_RELAXED));
+}
+
 /* Free the small blocks (arena_small.c) and the page blocks (arena_pages.c) that threads
  * of other arenas handed over. */
 void arena_free_handed_over_blocks(fm_arena *arena);

@@ -140,7 +140,7 @@ static fm_always_inline uint32_t page_block_free_locked(fm_arena *arena, fm_span
 /* Checks p, the link from handed-over page block `from`: it must start a page of one of the
  * arena's page spans, else `from`'s link was overwritten; and carry the handed-over mark,
  * else it was written into. */
-static void handed_over_check(const fm_arena *arena, void *p, void *from) {
+static void handed_over_page_check(const fm_arena *arena, void *p, void *from) {
   if (((uintptr_t)p & (FM_PAGE_SIZE - 1)) || unit_map_class_checked(p) != FM_CLASS_PAGES ||
       chunk_of(p)->arena != arena)
     diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from);
@@ -156,7 +156,7 @@ static fm_noinline uint32_t handed_over_page_blocks_free_locked(fm_arena *arena)
   uint32_t freed = 0;
   while (p) {
     void *next = *(void **)p;
-    if (next) handed_over_check(arena, next, p);
+    if (next) handed_over_page_check(arena, next, p);
     mark_set(p, NULL);
     freed += page_block_free_locked(arena, span_of(p), p);   /* (a block twice: reported) */
     p = next;
@@ -166,10 +166,7 @@ static fm_noinline uint32_t handed_over_page_blocks_free_locked(fm_arena *arena)
 
 void arena_hand_over_page_block(fm_arena *owner, void *p) {
   mark_set(p, (const void *)FM_HANDED_OVER_MARK);
-  void *head = __atomic_load_n(&owner->handed_over_page_blocks, __ATOMIC_RELAXED);
-  do *(void **)p = head;
-  while (!__atomic_compare_exchange_n(&owner->handed_over_page_blocks, &head, p, true,
-                                      __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+  handed_over_push(&owner->handed_over_page_blocks, p, p);
 }
 
 void arena_free_handed_over_page_blocks(fm_arena *arena) {

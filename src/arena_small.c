@@ -29,7 +29,7 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   return span;
 }
 
-static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n);
+static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t n);
 static size_t handed_over_blocks_before_refill(fm_arena *arena, void **batch, bool threaded);
 
 /* Tags the blocks of blocks[0 .. n) (taken from one span, highest first) that lie at or
@@ -46,10 +46,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
   void *batch[FM_FREE_ONLY_BATCH];
   size_t handed_over = handed_over_blocks_before_refill(arena, batch, threaded);
   lock_take(&arena->lock, threaded);
-  if (handed_over) {
-    free_blocks_locked(arena, batch, handed_over);
-    arena->counters.blocks_from_other_arenas += handed_over;
-  }
+  if (handed_over) handed_over_batch_free_locked(arena, batch, handed_over);
   arena->counters.refills++;
   uint64_t spans_taken = arena->counters.spans_taken;
   size_t size = size_class_stride[cls];   /* distance between blocks */
@@ -251,12 +248,7 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
     list = p;
     if (!last) last = p;
   }
-  if (list) {
-    void *head = __atomic_load_n(&arena->handed_over_blocks, __ATOMIC_RELAXED);
-    do *(void **)last = head;
-    while (!__atomic_compare_exchange_n(&arena->handed_over_blocks, &head, list, true,
-                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED));
-  }
+  if (list) handed_over_push(&arena->handed_over_blocks, list, last);
   return pending;
 }
 
@@ -272,10 +264,9 @@ static void handed_over_check(const fm_arena *arena, void *p, void *from) {
     diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
 }
 
-/* Takes the list of blocks handed over to the arena (NULL when empty), checking each link
- * before it follows it, into batch[], FM_FREE_ONLY_BATCH at a time: returns how many it put
- * there, and in *rest where the list goes on. Out of the lock: the walk reads each block,
- * last written by the thread that freed it. */
+/* Moves up to FM_FREE_ONLY_BATCH blocks of a taken list into batch[], checking each link
+ * before it follows it; returns how many, and leaves *list where the list goes on. Out of
+ * the lock: the walk reads each block, last written by the thread that freed it. */
 static size_t handed_over_batch(fm_arena *arena, void **list, void **batch) {
   void *p = *list;
   size_t n = 0;
@@ -289,6 +280,7 @@ static size_t handed_over_batch(fm_arena *arena, void **list, void **batch) {
   return n;
 }
 
+/* Takes the list of blocks handed over to the arena, checked at its head; NULL when empty. */
 static void *handed_over_take(fm_arena *arena) {
   if (!__atomic_load_n(&arena->handed_over_blocks, __ATOMIC_RELAXED)) return NULL;
   void *list = __atomic_exchange_n(&arena->handed_over_blocks, NULL, __ATOMIC_ACQUIRE);
@@ -296,15 +288,17 @@ static void *handed_over_take(fm_arena *arena) {
   return list;
 }
 
+/* Frees a batch of handed-over blocks, under the arena's lock, through the flush's loop. */
+static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t n) {
+  free_blocks_locked(arena, batch, n);
+  arena->counters.blocks_from_other_arenas += n;
+}
+
 /* Frees the blocks that threads of other arenas handed over, under the arena's lock, a
- * batch at a time through the flush's loop. */
+ * batch at a time. */
 static fm_noinline void handed_over_blocks_free_locked(fm_arena *arena) {
   void *list = handed_over_take(arena), *batch[FM_FREE_ONLY_BATCH];
-  while (list) {
-    size_t n = handed_over_batch(arena, &list, batch);
-    free_blocks_locked(arena, batch, n);
-    arena->counters.blocks_from_other_arenas += n;
-  }
+  while (list) handed_over_batch_free_locked(arena, batch, handed_over_batch(arena, &list, batch));
 }
 
 void arena_free_handed_over_blocks(fm_arena *arena) {
@@ -321,8 +315,7 @@ static size_t handed_over_blocks_before_refill(fm_arena *arena, void **batch, bo
     n = handed_over_batch(arena, &list, batch);
     if (!list) break;
     lock_take(&arena->lock, threaded);
-    free_blocks_locked(arena, batch, n);
-    arena->counters.blocks_from_other_arenas += n;
+    handed_over_batch_free_locked(arena, batch, n);
     lock_release(&arena->lock, threaded);
     n = 0;
   }

@@ -249,7 +249,8 @@ static size_t page_blocks_cached(fm_tcache *tc) {
 }
 
 bool tcache_marked_page_block_is_free(void *p) {
-  if (((const uintptr_t *)p)[1] == FM_HANDED_OVER_MARK) return arena_handed_over_page_block_is_free(p);
+  if (((const uintptr_t *)p)[1] == FM_HANDED_OVER_MARK)
+    return arena_handed_over_page_block_is_free(p);
   unsigned pages = page_block_pages(p);
   fm_tcache *tc = &tcache_tls;
   if (!pages) return false;
