@@ -12,21 +12,28 @@
  * something of ours lies in its 64 GiB; until then every root entry points at one shared
  * leaf of zeros. So the map holds 1 MiB of address space for each 64 GiB region that has
  * our memory, and reads "not ours" everywhere else, from the first instruction of the
- * process on (before any set-up: the root is initialised by the loader). */
+ * process on (before any set-up: the root is initialised by the loader). Below the root
+ * lie 2048 more entries, for the kernel's half of the address space, that always point at
+ * the zero leaf: the lookup shifts a pointer as a signed number, so a pointer such as
+ * (void *)-1 or MAP_FAILED reads "not ours" with no test on the fast path. */
 #define UNIT_MAP_LEAF_SHIFT 36
 #define UNIT_MAP_ROOT_ENTRIES ((size_t)1 << (FM_ADDRESS_BITS - UNIT_MAP_LEAF_SHIFT))
 #define UNIT_MAP_LEAF_ENTRIES ((size_t)1 << (UNIT_MAP_LEAF_SHIFT - FM_UNIT_SHIFT))
 
 /* Root entry i holds its leaf's address minus i * UNIT_MAP_LEAF_ENTRIES, so the leaf is
- * indexed by the whole unit number: one shift of the pointer serves the second load. */
-extern fm_hidden uintptr_t unit_map_root[UNIT_MAP_ROOT_ENTRIES];
+ * indexed by the whole unit number: one shift of the pointer serves the second load.
+ * unit_map_root[i] is entry i, for i from -UNIT_MAP_ROOT_ENTRIES (the kernel's half) up
+ * to UNIT_MAP_ROOT_ENTRIES - 1: a symbol in the middle of the entries (unit_map.c). */
+extern fm_hidden uintptr_t unit_map_root[];
 
-/* The entry of pointer p, which must lie below 2^47 (every user-space address does):
- * the fast path's lookup. Entries change under readers one byte at a time. */
+/* The entry of pointer p, which must be canonical (bits 47 to 63 alike: every user-space
+ * and every kernel address): the fast path's lookup. Entries change under readers one
+ * byte at a time. */
 static fm_always_inline unsigned unit_map_class(const void *p) {
-  uintptr_t a = (uintptr_t)p;
+  intptr_t a = (intptr_t)p;   /* (signed shifts: the kernel's half indexes below the root) */
   uintptr_t leaf = __atomic_load_n(&unit_map_root[a >> UNIT_MAP_LEAF_SHIFT], __ATOMIC_RELAXED);
-  return __atomic_load_n((const uint8_t *)(leaf + (a >> FM_UNIT_SHIFT)), __ATOMIC_RELAXED);
+  return __atomic_load_n((const uint8_t *)(leaf + (uintptr_t)(a >> FM_UNIT_SHIFT)),
+                         __ATOMIC_RELAXED);
 }
 
 /* The same for any pointer: 0 at or above 2^47. */

@@ -204,6 +204,10 @@ static void free_fake_chunk(void *arg) {
   free(fake + 256 * FMT_KIB);
 }
 
+/* A pointer of the kernel's half of the address space: (void *)-1 is MAP_FAILED. */
+static void free_kernel_address(void *arg) { free(fmt_launder(arg)); }
+static void realloc_kernel_address(void *arg) { free(realloc(fmt_launder(arg), 100)); }
+
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
 
 static void test_control_child_exits_cleanly(void **state) {
@@ -259,6 +263,13 @@ static void test_free_foreign(void **state) {
   expect_abort(free_mmap, (void *)0, "free of an mmap'd page");
   expect_abort(free_mmap, (void *)4096, "free inside an mmap'd region");
   expect_abort(free_fake_chunk, NULL, "free inside a fake chunk");
+  expect_report(free_kernel_address, MAP_FAILED, "free of MAP_FAILED", "free(): invalid pointer");
+  expect_report(free_kernel_address, (void *)(uintptr_t)0xffff888000001000u,
+                "free of a kernel address", "free(): invalid pointer");
+  expect_report(free_kernel_address, (void *)(uintptr_t)0xffff800000000000u,
+                "free of the lowest kernel address", "free(): invalid pointer");
+  expect_report(realloc_kernel_address, MAP_FAILED, "realloc of MAP_FAILED",
+                "realloc(): invalid pointer");
 }
 
 int main(void) {
