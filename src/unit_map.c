@@ -21,11 +21,12 @@ static uint8_t zero_leaf[UNIT_MAP_LEAF_ENTRIES];
       ZERO_ENTRIES_256(i + 768)
 
 _Static_assert(UNIT_MAP_ROOT_ENTRIES == 2048, "the initialiser below writes 2 x 2048 entries");
-fm_hidden __attribute__((used)) uintptr_t unit_map_entries[2 * UNIT_MAP_ROOT_ENTRIES] = {
+static __attribute__((used)) uintptr_t unit_map_entries[2 * UNIT_MAP_ROOT_ENTRIES] = {
     ZERO_ENTRIES_1024(-2048), ZERO_ENTRIES_1024(-1024), ZERO_ENTRIES_1024(0),
     ZERO_ENTRIES_1024(1024)};
-/* unit_map_root names the upper half's first entry with a symbol of its own: gcc would add
- * the offset to each index rather than fold it into the position-independent address. */
+/* unit_map_root, the one name the rest of the library uses, is the upper half's first
+ * entry as a symbol of its own: gcc would add the offset to each index rather than fold it
+ * into the position-independent address. (used: only the asm refers to the array.) */
 _Static_assert(UNIT_MAP_ROOT_ENTRIES * sizeof(uintptr_t) == 16384, "the offset below");
 __asm__(".globl unit_map_root\n\t.hidden unit_map_root\n\t"
         ".set unit_map_root, unit_map_entries + 16384");
