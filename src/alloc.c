@@ -49,7 +49,7 @@ static void *large_block(size_t size, size_t align, large_use use) {
   return p;
 }
 
-/* A block of 8-64 KiB: whole pages of a page span, through the thread's cache once the
+/* A block of 12-64 KiB: whole pages of a page span, through the thread's cache once the
  * thread is set up (large_block sets it up, and retries out of memory). */
 static void *page_block(size_t size) {
   void *p = tcache_malloc_pages(size);

@@ -1,7 +1,7 @@
 /* Arenas: about one per CPU, each with a lock, its chunks and, per size class, the spans
  * that still have free blocks. Three kinds of block come from an arena's spans: small
  * blocks of a size class (arena_small.c, moved in batches to and from thread caches, so
- * one lock acquisition moves many blocks), page blocks of 8-64 KiB, runs of whole pages in
+ * one lock acquisition moves many blocks), page blocks of 12-64 KiB, runs of whole pages in
  * page spans (arena_pages.c), and span blocks of up to 1 MiB, a whole span each
  * (arena_spans.c). arena.c keeps the lists, maps chunks and purges.
  * Locking: every function here takes the lock of the arena it works on itself (a no-op

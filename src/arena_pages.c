@@ -1,4 +1,4 @@
-/* Page blocks: blocks of 8-64 KiB as runs of whole pages in page spans, a unit each, whose
+/* Page blocks: blocks of 12-64 KiB as runs of whole pages in page spans, a unit each, whose
  * free pages and block starts are masks in the span's header. */
 #include "arena_internal.h"
 #include "bin.h"

@@ -8,7 +8,7 @@
 static uint8_t span_units[FM_NUM_SPAN_CLASSES + 1];  /* span length per class */
 
 /* The fewest units (at most FM_SPAN_UNITS_MAX) that waste at most 1/16 of the span; one
- * for strides over 4 KiB (7 to 15 blocks a span), so each of those classes holds few free
+ * for strides over 4 KiB (5 to 15 blocks a span), so each of those classes holds few free
  * blocks in its partly used span: a program that keeps a few of them live touches less (the
  * unused tail of a span is never touched). */
 void arena_small_init(void) {

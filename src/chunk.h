@@ -17,7 +17,7 @@ struct fm_arena;
 #define FM_SPAN_BITMAP_WORDS (FM_SPAN_MAX_BLOCKS / 64)
 
 /* A page span (class FM_CLASS_PAGES) is one unit whose pages are the blocks: a block of
- * 8-64 KiB is a run of whole pages, so blocks of every such size share a unit, and a
+ * 12-64 KiB is a run of whole pages, so blocks of every such size share a unit, and a
  * block's pages are all it touches. Bit i of its masks stands for page i. */
 
 typedef struct fm_span {

@@ -93,12 +93,12 @@
 
 /* Thread caches. Requests up to FM_TABLED_MAX find their class in the cache's own copy of
  * the size table (off %fs, one instruction less than a global); the copy stops there to
- * keep the cache small (about 1.3 KiB of TLS), so a dlopen'ed copy of the library fits in
+ * keep the cache small (about 1.5 KiB of TLS), so a dlopen'ed copy of the library fits in
  * glibc's spare static TLS. */
 #define FM_TABLED_MAX 1024u
 /* A bin starts with room for about 1 KiB (1 to 16 blocks), so a thread that allocates
  * little holds little, and doubles on each miss up to about 2 MiB, at most 2048 blocks.
- * Blocks over 4 KiB stop at 128 KiB (16 to 25 blocks): each pins its pages, but a thread
+ * Blocks over 4 KiB stop at 128 KiB (10 to 25 blocks): each pins its pages, but a thread
  * that replaces such blocks at random misses a bin of 4 to 6 every few calls, and each miss
  * takes an arena's lock. */
 #define FM_BIN_START_BYTES 1024
@@ -113,11 +113,12 @@
  * one of each (528 KiB) did. */
 #define FM_PAGE_BLOCKS_A_LENGTH 4
 #define FM_PAGE_CACHE_PAGES 64
-/* A refill brings at most about 8 KiB (at least 32 blocks; 4 blocks over 4 KiB): a thread
- * that only allocates would otherwise hold half its bin ahead of use. */
+/* A refill brings at most about 8 KiB (at least 32 blocks; over 4 KiB, 32 KiB and 2 to 4
+ * blocks): a thread that only allocates would otherwise hold half its bin ahead of use. */
 #define FM_REFILL_BYTES 8192
 #define FM_REFILL_BLOCKS_MIN 32
 #define FM_REFILL_BLOCKS_LARGE 4
+#define FM_REFILL_BYTES_LARGE ((size_t)32 << 10)
 /* A threaded refill whose first block shares a cache line with a block it did not bring
  * (another thread's, maybe) hands out first one of its next blocks whose lines it brought
  * whole: the first this many blocks are looked at. */

@@ -13,20 +13,20 @@ uint8_t size_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
 
 const uint32_t size_class_size[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
-    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21), FM_ROW4(25), FM_ROW4(29),
+    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21), FM_ROW4(25), FM_ROW4(29), FM_GEOMETRIC(33), FM_GEOMETRIC(34),
     FM_TWIN_SIZES,
     0, 0, 0, 0, /* the markers */
 };
 
-/* Padded: a multiple of 1 KiB up to 8 KiB (see size_class.h). */
-#define FM_PADDED(s) ((s) % 1024 == 0 && (s) <= 8192 ? (s) + 64 : (s))
+/* Padded: a multiple of 1 KiB (see size_class.h). */
+#define FM_PADDED(s) ((s) % 1024 == 0 ? (s) + 64 : (s))
 #define FM_SROW4(c) FM_PADDED(FM_GEOMETRIC(c)), FM_PADDED(FM_GEOMETRIC(c + 1)), \
                     FM_PADDED(FM_GEOMETRIC(c + 2)), FM_PADDED(FM_GEOMETRIC(c + 3))
 
 const uint32_t size_class_stride[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
     FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21), FM_SROW4(25), FM_SROW4(29),
-    FM_TWIN_SIZES,
+    FM_PADDED(FM_GEOMETRIC(33)), FM_PADDED(FM_GEOMETRIC(34)), FM_TWIN_SIZES,
     0, 0, 0, 0,
 };
 _Static_assert(FM_GEOMETRIC(FM_NUM_CLASSES) == FM_SMALL_MAX, "last class is FM_SMALL_MAX");

@@ -1,6 +1,7 @@
-/* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 8 KiB.
+/* Size classes: 16-byte steps to 128 bytes, then 4 classes per power of two up to 8 KiB,
+ * and 10 and 12 KiB (blocks of up to three pages, which whole pages would round up most).
  * Class 0 and the markers are never cached: the unit map stores them for "not ours",
- * "large block in a chunk span", "blocks of whole pages" (8-64 KiB, see arena.h), "large
+ * "large block in a chunk span", "blocks of whole pages" (12-64 KiB, see arena.h), "large
  * block in its own mapping" and "a thread cache's bins", and their tcache bins are always
  * full, so free() reaches its slow path without a test. */
 #ifndef FM_SIZE_CLASS_H
@@ -8,13 +9,14 @@
 
 #include "config.h"
 
-#define FM_SMALL_MAX 8192u                    /* largest size served by a size class */
-#define FM_NUM_CLASSES 32                     /* classes malloc picks by size: 1 .. 32 */
+#define FM_SMALL_MAX 12288u                   /* largest size served by a size class */
+#define FM_NUM_CLASSES 34                     /* classes malloc picks by size: 1 .. 34 */
 /* Blocks whose size is a multiple of 1 KiB would all start at the same few offsets of a
  * page, so they would compete for the same few sets of the L1 cache: 25 blocks of 4 KiB
- * in a loop miss on every access. Those classes (1..8 KiB) are laid out with a stride of
- * size + 64, which spreads blocks over every set; their unpadded twins (classes 41..48,
- * never picked by size) serve the aligned requests that need the exact stride. */
+ * in a loop miss on every access. Those classes (1..12 KiB) are laid out with a stride of
+ * size + 64, which spreads blocks over every set; the unpadded twins of those up to 8 KiB
+ * (classes 35..42, never picked by size) serve the aligned requests that need the exact
+ * stride (larger ones get whole pages). */
 #define FM_NUM_TWINS 8
 #define FM_NUM_SPAN_CLASSES (FM_NUM_CLASSES + FM_NUM_TWINS)   /* every class with spans */
 #define FM_CLASS_SPAN_BLOCK (FM_NUM_SPAN_CLASSES + 1)  /* unit-map marker: one block per span */

@@ -70,7 +70,8 @@ bool tcache_init(void) {
     limit_start[cls] = clamp(FM_BIN_START_BYTES / size, 1, FM_BIN_START_BLOCKS_MAX);
     limit_max[cls] = clamp(most, 2, FM_BIN_MAX_BLOCKS);
     int32_t batch = FM_REFILL_BYTES / size;
-    refill_max[cls] = (unsigned)(large ? FM_REFILL_BLOCKS_LARGE
+    int32_t large_batch = clamp((int32_t)(FM_REFILL_BYTES_LARGE / (size_t)size), 2, FM_REFILL_BLOCKS_LARGE);
+    refill_max[cls] = (unsigned)(large ? large_batch
                                        : batch < FM_REFILL_BLOCKS_MIN ? FM_REFILL_BLOCKS_MIN : batch);
     start_bytes += (size_t)limit_start[cls] * size_class_size[cls];
     start_slots += 1 + (size_t)start_room(cls);

@@ -11,7 +11,7 @@
 /* A thread's bins and cached page blocks (tcache.h). */
 typedef struct fm_bins_array {
   struct fm_bins_array *next, *prev;   /* on the registry's in-use or pooled list */
-  /* The thread's last freed page blocks of its arena, of each length in pages (8-64 KiB),
+  /* The thread's last freed page blocks of its arena, of each length in pages (12-64 KiB),
    * for its next mallocs of that length: FM_PAGE_BLOCKS_A_LENGTH a length (NULL: a free
    * slot), FM_PAGE_CACHE_PAGES pages in all (page_blocks_pages). A cached block's second
    * word holds FM_FREED_MARK; other threads search these slots for a page block freed twice. */

@@ -49,13 +49,13 @@ static inline void fmt_fill_usable(void *p, size_t from, int byte) {
 }
 
 /* The class sizes of docs/design.md ("Memory layout"), in increasing order: 16-byte steps
- * to 128, then four classes per power of two up to 8 KiB (blocks of 8-64 KiB are page
- * blocks, runs of whole pages). Returns the count. */
+ * to 128, then four classes per power of two up to 8 KiB, then 10 and 12 KiB (blocks of
+ * 12-64 KiB are page blocks, runs of whole pages). Returns the count. */
 static inline unsigned fmt_class_sizes(size_t out[FMT_MAX_CLASSES]) {
   unsigned n = 0;
   for (size_t s = 16; s <= 128; s += 16) out[n++] = s;
-  for (size_t p = 128; p < 8192; p *= 2)
-    for (size_t k = 1; k <= 4; k++) out[n++] = p + k * (p / 4);
+  for (size_t p = 128; p < 16384; p *= 2)
+    for (size_t k = 1; k <= 4 && p + k * (p / 4) <= 12288; k++) out[n++] = p + k * (p / 4);
   return n;
 }
 
@@ -70,7 +70,7 @@ static inline unsigned fmt_boundary_sizes(size_t out[3 * FMT_MAX_CLASSES + 8]) {
     out[n++] = cls[i] + 1;
   }
   /* Blocks of whole pages (above the classes, up to 64 KiB), then large blocks. */
-  const size_t large[] = {12 * FMT_KIB + 1, 40000, 64 * FMT_KIB, 64 * FMT_KIB + 1,
+  const size_t large[] = {20 * FMT_KIB + 1, 40000, 64 * FMT_KIB, 64 * FMT_KIB + 1,
                           256 * FMT_KIB - 1, FMT_MIB - 1, FMT_MIB + 1, 4 * FMT_MIB + 1};
   for (unsigned i = 0; i < sizeof large / sizeof large[0]; i++) out[n++] = large[i];
   return n;

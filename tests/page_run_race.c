@@ -12,20 +12,20 @@
 #include <unistd.h>
 
 #define PAGE 4096
-#define SMALL (3 * PAGE - 100)   /* p: 3 pages */
-#define NEXT (13 * PAGE - 100)   /* the neighbour: the 13 pages after p, to the unit's end */
+#define SMALL (5 * PAGE - 100)   /* p: 5 pages */
+#define NEXT (11 * PAGE - 100)   /* the neighbour: the 11 pages after p, to the unit's end */
 #define WHOLE (16 * PAGE - 100)  /* the length p reads as while the neighbour's bits change */
 
 static atomic_int stop, ready, placed;
 static char *p;
 static atomic_ulong neighbour_ops;
 
-/* Fills its cache's place for 13-page blocks with x for good, so that the neighbour's frees go
+/* Fills its cache's place for 11-page blocks with x for good, so that the neighbour's frees go
  * back to the arena; aligned_alloc takes the neighbour from the arena (it skips the cache). */
 static void *neighbour(void *arg) {
   while (!atomic_load(&ready)) continue;
   char *y = malloc(NEXT), *x = malloc(NEXT);
-  atomic_store(&placed, y == p + 3 * PAGE ? 1 : -1);
+  atomic_store(&placed, y == p + 5 * PAGE ? 1 : -1);
   free(x);
   free(y);
   while (!atomic_load(&stop)) {
@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
         if (usable < WHOLE) {
           failures++;
           fprintf(stderr, "page_run_race: FAIL: malloc(%d) gave %p with %zu usable bytes "
-                  "(the 3-page block %s)\n", WHOLE, (void *)r, usable,
+                  "(the 5-page block %s)\n", WHOLE, (void *)r, usable,
                   r == p ? "freed while its neighbour changed" : "?");
         }
         free(r);

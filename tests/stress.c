@@ -175,8 +175,8 @@ static size_t random_size(worker *w) {
   uint64_t r = rand64(&w->rng), x = rand64(&w->rng);
   unsigned pick = (unsigned)(r % 1000);
   if (pick < 500) return 1 + x % 256;
-  if (pick < 800) return 1 + x % (8 * KIB);
-  if (pick < 950) return 8 * KIB + 1 + x % (56 * KIB);
+  if (pick < 800) return 1 + x % (12 * KIB);
+  if (pick < 950) return 12 * KIB + 1 + x % (52 * KIB);
   if (pick < 996) return 64 * KIB + 1 + x % (960 * KIB);
   return MIB + 1 + x % (3 * MIB);
 }

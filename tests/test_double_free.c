@@ -220,7 +220,7 @@ static void expect_double_free_report(void (*fn)(void *), size_t n, const char *
 
 /* Small classes (bins), blocks of pages (their cache, a few a length), a block of a chunk
  * span and one in a mapping of its own. */
-static const size_t every_kind[] = {16, 48, 1024, 4000, 12000, 40000, 200000, 2 * FMT_MIB};
+static const size_t every_kind[] = {16, 48, 1024, 4000, 12000, 20000, 40000, 200000, 2 * FMT_MIB};
 static const size_t in_bins[] = {16, 48, 1024, 4000};
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
@@ -243,7 +243,7 @@ static void test_twice_after_flush(void **state) {
 }
 
 static void test_twice_across_threads(void **state) {
-  const size_t sizes[] = {16, 1024, 12000, 40000};
+  const size_t sizes[] = {16, 1024, 12000, 20000, 40000};
   for (unsigned i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     expect_double_free_report(twice_across_threads, sizes[i], "freed again by another thread");
     expect_double_free_report(twice_second_in_thread, sizes[i], "second free in a thread");

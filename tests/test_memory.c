@@ -480,7 +480,7 @@ static void test_calloc_of_purged_units_untouched(void **state) {
   enum { MOST = 128 };
   const struct { size_t size, count; } runs[] = {
       {768 * FMT_KIB, 8},    /* spans of 12 units, from the chunks */
-      {16 * FMT_KIB, MOST},  /* blocks of pages */
+      {20 * FMT_KIB, MOST},  /* blocks of pages */
       {4 * FMT_KIB, MOST},   /* the smallest size that calloc takes this way */
   };
   unsigned char *blocks[MOST];
