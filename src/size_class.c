@@ -7,26 +7,27 @@ uint8_t size_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
 /* Class c >= 9 is 2^b + (k + 1) * 2^(b - 2) with b = 7 + (c - 9) / 4, k = (c - 9) % 4. */
 #define FM_GEOMETRIC(c) \
   ((1u << (7 + ((c) - 9) / 4)) + (((c) - 9) % 4 + 1) * (1u << (5 + ((c) - 9) / 4)))
-#define FM_ROW4(c) FM_GEOMETRIC(c), FM_GEOMETRIC(c + 1), FM_GEOMETRIC(c + 2), FM_GEOMETRIC(c + 3)
+#define FM_ROW2(c) FM_GEOMETRIC(c), FM_GEOMETRIC(c + 1)
+#define FM_ROW4(c) FM_ROW2(c), FM_ROW2(c + 2)
 
 #define FM_TWIN_SIZES 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192
 
 const uint32_t size_class_size[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
-    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21), FM_ROW4(25), FM_ROW4(29), FM_GEOMETRIC(33), FM_GEOMETRIC(34),
-    FM_TWIN_SIZES,
+    FM_ROW4(9),  FM_ROW4(13), FM_ROW4(17), FM_ROW4(21), FM_ROW4(25), FM_ROW4(29),
+    FM_ROW2(33),  FM_TWIN_SIZES,
     0, 0, 0, 0, /* the markers */
 };
 
 /* Padded: a multiple of 1 KiB (see size_class.h). */
 #define FM_PADDED(s) ((s) % 1024 == 0 ? (s) + 64 : (s))
-#define FM_SROW4(c) FM_PADDED(FM_GEOMETRIC(c)), FM_PADDED(FM_GEOMETRIC(c + 1)), \
-                    FM_PADDED(FM_GEOMETRIC(c + 2)), FM_PADDED(FM_GEOMETRIC(c + 3))
+#define FM_SROW2(c) FM_PADDED(FM_GEOMETRIC(c)), FM_PADDED(FM_GEOMETRIC(c + 1))
+#define FM_SROW4(c) FM_SROW2(c), FM_SROW2(c + 2)
 
 const uint32_t size_class_stride[FM_BINS] = {
     0,   16,  32,  48,  64,  80,  96,  112, 128,
     FM_SROW4(9),  FM_SROW4(13), FM_SROW4(17), FM_SROW4(21), FM_SROW4(25), FM_SROW4(29),
-    FM_PADDED(FM_GEOMETRIC(33)), FM_PADDED(FM_GEOMETRIC(34)), FM_TWIN_SIZES,
+    FM_SROW2(33), FM_TWIN_SIZES,
     0, 0, 0, 0,
 };
 _Static_assert(FM_GEOMETRIC(FM_NUM_CLASSES) == FM_SMALL_MAX, "last class is FM_SMALL_MAX");

@@ -69,9 +69,8 @@ bool tcache_init(void) {
     int32_t most = (int32_t)((large ? FM_BIN_MAX_BYTES_LARGE : FM_BIN_MAX_BYTES) / (size_t)size);
     limit_start[cls] = clamp(FM_BIN_START_BYTES / size, 1, FM_BIN_START_BLOCKS_MAX);
     limit_max[cls] = clamp(most, 2, FM_BIN_MAX_BLOCKS);
-    int32_t batch = FM_REFILL_BYTES / size;
-    int32_t large_batch = clamp((int32_t)(FM_REFILL_BYTES_LARGE / (size_t)size), 2, FM_REFILL_BLOCKS_LARGE);
-    refill_max[cls] = (unsigned)(large ? large_batch
+    int32_t batch = (int32_t)((large ? FM_REFILL_BYTES_LARGE : FM_REFILL_BYTES) / (size_t)size);
+    refill_max[cls] = (unsigned)(large ? clamp(batch, 1, FM_REFILL_BLOCKS_LARGE)
                                        : batch < FM_REFILL_BLOCKS_MIN ? FM_REFILL_BLOCKS_MIN : batch);
     start_bytes += (size_t)limit_start[cls] * size_class_size[cls];
     start_slots += 1 + (size_t)start_room(cls);
