@@ -26,10 +26,14 @@ static __attribute__((used)) uintptr_t unit_map_entries[2 * UNIT_MAP_ROOT_ENTRIE
     ZERO_ENTRIES_1024(1024)};
 /* unit_map_root, the one name the rest of the library uses, is the upper half's first
  * entry as a symbol of its own: gcc would add the offset to each index rather than fold it
- * into the position-independent address. (used: only the asm refers to the array.) */
-_Static_assert(UNIT_MAP_ROOT_ENTRIES * sizeof(uintptr_t) == 16384, "the offset below");
+ * into the position-independent address. (used: only the asm refers to the array.) The
+ * assembler computes the offset from the same two shifts as UNIT_MAP_ROOT_ENTRIES. */
+#define UNIT_MAP_TEXT_(x) #x
+#define UNIT_MAP_TEXT(x) UNIT_MAP_TEXT_(x)
+_Static_assert(sizeof(uintptr_t) == 8, "the entry size below");
 __asm__(".globl unit_map_root\n\t.hidden unit_map_root\n\t"
-        ".set unit_map_root, unit_map_entries + 16384");
+        ".set unit_map_root, unit_map_entries + (8 << (" UNIT_MAP_TEXT(FM_ADDRESS_BITS) " - "
+        UNIT_MAP_TEXT(UNIT_MAP_LEAF_SHIFT) "))");
 
 /* Leaves mapped ahead (unit_map_hold_spares), taken when the OS refuses a new one. */
 static uint8_t *spare_leaves[UNIT_MAP_SPARES_MAX];
