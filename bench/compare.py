@@ -67,12 +67,14 @@ class Results:
     raw: list = field(default_factory=list)       # (round, job, allocator, metric, unit, value)
     failures: dict = field(default_factory=dict)  # (job, allocator) -> [reason, ...]
     values: dict = field(default_factory=dict)    # (job, metric, allocator) -> [value per round]
+    by_round: dict = field(default_factory=dict)  # (job, metric, allocator) -> {round: value}
     units: dict = field(default_factory=dict)     # (job, metric) -> unit
     metric_order: dict = field(default_factory=dict)  # job -> [metric, ...] in first-seen order
 
     def add(self, rnd, job, alloc, metric, unit, value):
         self.raw.append((rnd, job.key, alloc, metric, unit, value))
         self.values.setdefault((job.key, metric, alloc), []).append(value)
+        self.by_round.setdefault((job.key, metric, alloc), {})[rnd] = value
         self.units[(job.key, metric)] = unit
         order = self.metric_order.setdefault(job.key, [])
         if metric not in order:
@@ -81,6 +83,33 @@ class Results:
     def median(self, job_key, metric, alloc):
         v = self.values.get((job_key, metric, alloc))
         return statistics.median(v) if v else None
+
+    def ratio(self, job_key, metric, alloc, other, other_metric=None):
+        """The median over the rounds of alloc's figure ÷ other's (other_metric's, if given) in
+        the same round; None when no round has both. The candidates of a benchmark run back to
+        back in a round, so a slow spell of the machine, which can last minutes and slow a
+        process by half, falls on both figures of a ratio; a ratio of the two medians would
+        compare rounds of one candidate with other rounds of the other."""
+        a = self.by_round.get((job_key, metric, alloc), {})
+        b = self.by_round.get((job_key, other_metric or metric, other), {})
+        rs = [a[r] / b[r] for r in a if b.get(r)]
+        return statistics.median(rs) if rs else None
+
+
+def read_raw(rundir):
+    """A finished run's Results and benchmarks, from its raw.csv (--from-raw)."""
+    res, jobs = Results(), {}
+    with open(os.path.join(rundir, "raw.csv"), newline="") as f:
+        for row in csv.DictReader(f):
+            key, alloc = row["benchmark"], row["allocator"]
+            kind = ("simple" if key.startswith("simple-") else
+                    "thread" if key.startswith("thread-") and key[7:].isdigit() else
+                    "workload-par" if key.endswith("-par") else "workload")
+            job = jobs.setdefault(key, Job(key, kind, [], []))
+            if alloc not in job.allocators:
+                job.allocators.append(alloc)
+            res.add(int(row["round"]), job, alloc, row["metric"], row["unit"], float(row["value"]))
+    return res, list(jobs.values())
 
 
 def log(msg, end="\n"):
@@ -314,13 +343,12 @@ def ratio_table(res, jobs, peers):
     """fastmalloc's time over the best peer's and over each peer's, with geometric means."""
     out, by_group, worst = [], {}, (0, None)
     for job, metric, label, unit in timed_rows(res, jobs):
-        fm = res.median(job.key, metric, MAIN)
-        pv = {p: res.median(job.key, metric, p) for p in peers}
-        have = {p: v for p, v in pv.items() if v is not None}
-        best_peer = min(have, key=have.get) if have else None
-        ratios = {p: (fm / v if fm is not None and v else None) for p, v in pv.items()}
-        best_ratio = ratios.get(best_peer) if best_peer else None
-        failed = fm is None and bool(have)   # a peer has the figure, fastmalloc none
+        ratios = {p: res.ratio(job.key, metric, MAIN, p) for p in peers}
+        have = {p: r for p, r in ratios.items() if r is not None}
+        best_peer = max(have, key=have.get) if have else None   # the peer fastmalloc is slowest against
+        best_ratio = have.get(best_peer) if best_peer else None
+        failed = (res.median(job.key, metric, MAIN) is None and   # a peer has the figure, fastmalloc none
+                  any(res.median(job.key, metric, p) is not None for p in peers))
         by_group.setdefault(job.kind, []).append((best_ratio, ratios, failed))
         if failed or (best_ratio and best_ratio > worst[0]):
             worst = (math.inf if failed else best_ratio, label)
@@ -369,10 +397,9 @@ def memory_table(res, jobs, names, peers):
                 continue
             end, trim = res.median(job.key, "rss_end", a), res.median(job.key, "rss_trim", a)
             cells.append(" / ".join(fmt_value(v, "KiB") for v in (peak, end, trim) if v is not None))
-        fm = res.median(job.key, "peak_rss", MAIN)
-        peer_peaks = [v for v in (res.median(job.key, "peak_rss", p) for p in peers) if v]
-        r = fm / min(peer_peaks) if fm and peer_peaks else None
-        if fm is None and peer_peaks:
+        r = over_best_peer(res, job.key, "peak_rss", peers)
+        if res.median(job.key, "peak_rss", MAIN) is None and any(
+                res.median(job.key, "peak_rss", p) for p in peers):
             r = math.inf   # failed: no mean hides it
         ratios.append((r, job.key))
         out.append([job.key] + cells + [fmt_ratio(r) if r else "—"])
@@ -386,10 +413,10 @@ def memory_table(res, jobs, names, peers):
 
 
 def over_best_peer(res, job_key, metric, peers, alloc=MAIN):
-    """alloc's median over the best (lowest) peer's; None when either is missing."""
-    v = res.median(job_key, metric, alloc)
-    pv = [x for x in (res.median(job_key, metric, p) for p in peers) if x]
-    return v / min(pv) if v and pv else None
+    """alloc's figure over the best peer's: the highest of its ratios to each peer
+    (Results.ratio); None when alloc or every peer lacks the figure."""
+    rs = [r for r in (res.ratio(job_key, metric, alloc, p) for p in peers) if r is not None]
+    return max(rs) if rs else None
 
 
 def fast_path_counts(path):
@@ -494,8 +521,8 @@ def targets_table(res, jobs, peers, builds, fast_path):
     return md_table(header, out, ["---"] + ["---:", "---"] * len(builds))
 
 
-def quotient(a, b):
-    return f"{a / b:.2f}" if a and b else "—"
+def fmt_quotient(r):
+    return f"{r:.2f}" if r else "—"
 
 
 def st_flag_table(res, jobs):
@@ -503,20 +530,23 @@ def st_flag_table(res, jobs):
     out = []
     for job in (j for j in jobs if j.kind == "simple"):
         for count in COUNTS:
+            st, mt = f"st/{count}", f"mt/{count}"
             fm_st, fm_mt, off_st, off_mt, g_st, g_mt = (
-                res.median(job.key, f"{scen}/{count}", alloc)
-                for alloc in (MAIN, NO_ST_FLAG, SYSTEM) for scen in ("st", "mt"))
+                res.median(job.key, scen, alloc) for alloc in (MAIN, NO_ST_FLAG, SYSTEM) for scen in (st, mt))
+            fm_mt_st, gain, g_mt_st = (res.ratio(job.key, mt, MAIN, MAIN, st),
+                                       res.ratio(job.key, st, NO_ST_FLAG, MAIN),
+                                       res.ratio(job.key, mt, SYSTEM, SYSTEM, st))
             out.append([f"{job.key} ×{count}"] + [fmt_value(v, "ns") for v in (fm_st, fm_mt)] +
-                       [quotient(fm_mt, fm_st)] + [fmt_value(v, "ns") for v in (off_st, off_mt)] +
-                       [quotient(off_st, fm_st)] + [fmt_value(v, "ns") for v in (g_st, g_mt)] +
-                       [quotient(g_mt, g_st)])
+                       [fmt_quotient(fm_mt_st)] + [fmt_value(v, "ns") for v in (off_st, off_mt)] +
+                       [fmt_quotient(gain)] + [fmt_value(v, "ns") for v in (g_st, g_mt)] +
+                       [fmt_quotient(g_mt_st)])
     return md_table(["size ×count", "fm st", "fm mt", "fm mt÷st", "flag-off st", "flag-off mt",
                      "gain (off st ÷ fm st)", "glibc st", "glibc mt", "glibc mt÷st"], out)
 
 
 def mark_table(res, jobs, peers):
-    """fastmalloc with and without the double-free mark, each against the best peer: time (the
-    geometric mean of a benchmark's timed figures) and peak RSS."""
+    """fastmalloc with and without the double-free mark, each against the best peer and the one
+    against the other: time (the geometric mean of a benchmark's timed figures) and peak RSS."""
     out, groups, mem = [], {}, {MAIN: [], NO_MARK: []}
 
     def over_best(alloc, job, metrics):
@@ -524,15 +554,21 @@ def mark_table(res, jobs, peers):
         rs = [over_best_peer(res, job.key, m, peers, alloc) for m in metrics]
         return geomean(rs) if rs and all(rs) else None
 
+    def cost(job, metrics):
+        """geomean over metrics of the shipped build's figure ÷ the no-mark build's."""
+        rs = [res.ratio(job.key, m, MAIN, NO_MARK) for m in metrics]
+        return geomean(rs) if rs and all(rs) else None
+
     for job in jobs:
         timed = timed_metrics(res, job)
         t = {a: over_best(a, job, timed) for a in (MAIN, NO_MARK)}
+        t["cost"] = cost(job, timed)
         r = {a: over_best(a, job, ["peak_rss"]) for a in (MAIN, NO_MARK)}
         groups.setdefault(job.kind, []).append(t)
         for a in mem:
             mem[a].append(r[a])
         out.append([job.key] + [f"{t[a]:.2f}" if t[a] else "—" for a in (MAIN, NO_MARK)] +
-                   [quotient(t[MAIN], t[NO_MARK])] +
+                   [f"{t['cost']:.2f}" if t["cost"] else "—"] +
                    [fmt_value(res.median(job.key, "peak_rss", a), "KiB") for a in (MAIN, NO_MARK)] +
                    [f"{r[a]:.2f}" if r[a] else "—" for a in (MAIN, NO_MARK)])
     for kind, title in GROUPS:
@@ -540,12 +576,12 @@ def mark_table(res, jobs, peers):
         if rows:
             # Both builds over the same benchmarks: those where either failed are left
             # out, and counted.
-            both = [row for row in rows if row[MAIN] and row[NO_MARK]]
-            g = {a: geomean([row[a] for row in both]) for a in (MAIN, NO_MARK)}
+            both = [row for row in rows if row[MAIN] and row[NO_MARK] and row["cost"]]
+            g = {a: geomean([row[a] for row in both]) for a in (MAIN, NO_MARK, "cost")}
             note = failed_note(len(rows) - len(both))
             out.append([f"**geomean {title}**", (f"**{g[MAIN]:.2f}**" if g[MAIN] else "—") + note,
                         f"**{g[NO_MARK]:.2f}**" if g[NO_MARK] else "—",
-                        quotient(g[MAIN], g[NO_MARK]), "", "", "", ""])
+                        f"**{g['cost']:.2f}**" if g["cost"] else "—", "", "", "", ""])
     g = {a: geomean(mem[a]) for a in mem}
     out.append(["**geomean peak RSS**", "", "", "", "", ""] +
                [f"**{g[a]:.2f}**" if g[a] else "—" for a in (MAIN, NO_MARK)])
@@ -609,10 +645,8 @@ def chart_rows(res, jobs, names, metric_of):
         metrics = metric_of(job)
         vals = {}
         for a in names:
-            cell = [res.median(job.key, m, a) for m in metrics]
-            base = [res.median(job.key, m, SYSTEM) for m in metrics]
-            rel = [c / b for c, b in zip(cell, base) if c and b]
-            vals[a] = geomean(rel) if len(rel) == len(metrics) else None
+            rel = [res.ratio(job.key, m, a, SYSTEM) for m in metrics]
+            vals[a] = geomean(rel) if rel and all(rel) else None
         rows.append((job.key, vals))
     return rows
 
@@ -671,7 +705,7 @@ def machine_info(versions):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--bindir", required=True, help="folder with the benchmark programs")
+    ap.add_argument("--bindir", help="folder with the benchmark programs (needed but with --from-raw)")
     ap.add_argument("--rundir", required=True, help="folder for this run's results")
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--rounds", type=int, help="rounds (default: 5 full, else 3)")
@@ -679,7 +713,14 @@ def main():
                     help="a candidate; LIB empty for the system allocator (repeat, in run order)")
     ap.add_argument("--instructions", help="Markdown file from bench/instr-count to include")
     ap.add_argument("--note", action="append", default=[], help="a line for the report's notes")
+    ap.add_argument("--from-raw", action="store_true",
+                    help="run nothing: write the report again from --rundir's raw.csv (the first "
+                         "lines of its report.md, which say where it ran, are kept)")
     a = ap.parse_args()
+    if a.from_raw:
+        return report_from_raw(a)
+    if not a.bindir:
+        ap.error("--bindir is required")
 
     mode = MODES[a.mode]
     rounds = a.rounds or mode["rounds"]
@@ -700,16 +741,46 @@ def main():
     elapsed = time.monotonic() - t0
 
     write_files(res, jobs, a.rundir)
-    report = [f"# fastmalloc vs {', '.join(peers)} — {a.mode} mode",
+    header = [f"# fastmalloc vs {', '.join(peers)} — {a.mode} mode",
               "", f"Measured {machine_info(versions)}.",
               f"{rounds} rounds, candidates interleaved in each round ({' '.join(allocs)}; each round "
               f"starts one candidate later); bench-malloc-simple pinned to CPU {pinned_cpu()}; "
-              f"medians; benchmarks ran for {elapsed:.0f} s.", ""]
+              f"{METHOD}; benchmarks ran for {elapsed:.0f} s.", ""]
+    return write_report(a.rundir, res, jobs, list(allocs), header, notes, a.instructions)
+
+
+# How the report's figures come from the rounds (Results.median, Results.ratio).
+METHOD = "medians, and ratios as the median of the ratios within each round"
+
+
+def report_from_raw(a):
+    """--from-raw: the report of a finished run, recomputed from its raw.csv."""
+    res, jobs = read_raw(a.rundir)
+    allocs = []
+    for job in jobs:
+        allocs += [x for x in job.allocators if x not in allocs]
+    peers = [n for n in allocs if n not in VARIANTS and n != MAIN]
+    header = [f"# fastmalloc vs {', '.join(peers)}", "", "(where it ran: not recorded)", ""]
+    old = os.path.join(a.rundir, "report.md")
+    if os.path.exists(old):
+        with open(old) as f:
+            header = f.read().split("\n")[:5]
+        header[3] = header[3].replace("; medians; ", f"; {METHOD}; ")
+    notes = a.note + ["Recomputed from the run's raw.csv (bench/compare.py --from-raw)."]
+    return write_report(a.rundir, res, jobs, allocs, header, notes, a.instructions)
+
+
+def write_report(rundir, res, jobs, allocs, header, notes, instructions):
+    """Writes rundir/report.md (and the charts) for the candidates `allocs`, and prints it."""
+    names = [n for n in allocs if n not in VARIANTS]
+    peers = [n for n in names if n != MAIN]
     builds = [b for b in (MAIN, NO_MARK) if b in allocs]
-    report += ["## Targets", "", targets_table(res, jobs, peers, builds, fast_path_counts(a.instructions)), "",
-               "Ratios to the best (lowest) peer's median, from the tables below; a benchmark that "
-               "failed fails its target. RSS after trim: bench-workload's RSS after malloc_trim(0) "
-               "less its RSS at start.", ""]
+    report = list(header)
+    report += ["## Targets", "", targets_table(res, jobs, peers, builds, fast_path_counts(instructions)), "",
+               "A ratio to a peer is the median over the rounds of fastmalloc's figure ÷ the peer's "
+               "in the same round; the best peer is the one this ratio is highest against. A "
+               "benchmark that failed fails its target. RSS after trim: bench-workload's RSS after "
+               "malloc_trim(0) less its RSS at start.", ""]
     report += ["## Time (median; lower is better; best in bold)", "", time_table(res, jobs, names), "",
                "simple-N: bench-malloc-simple with N-byte blocks, ns per malloc+free pair; st: main thread "
                "while single-threaded, thr: in a second thread, mt: main thread after that thread was "
@@ -736,7 +807,8 @@ def main():
                    "writes nothing into a freed block and a double free is caught only when the thread's "
                    "cache gives the block back to its span (not at all if malloc hands it out again "
                    "first). Time: the geometric mean of a benchmark's timed figures (for simple-N, its "
-                   "12 cells), each over the best peer's in that figure.", ""]
+                   "12 cells), each over the best peer's in that figure; the mark's cost is the same "
+                   "mean of the shipped build's figures over the no-mark build's.", ""]
     if any(j.key == "thread-churn" for j in jobs):
         report += ["## Threads: RSS, MiB", "", threads_table(res, names), ""]
     if any(j.key == LINGER_JOB for j in jobs):
@@ -745,8 +817,8 @@ def main():
                    f"{LINGER_JOB} frees everything it allocated; then the program goes on for "
                    f"{LINGER_MS / 1000:g} s, mallocing, writing and freeing 256 blocks of 48 bytes every "
                    "10 ms, and reads its RSS; malloc_trim(0) comes after.", ""]
-    if a.instructions and os.path.exists(a.instructions):
-        with open(a.instructions) as f:
+    if instructions and os.path.exists(instructions):
+        with open(instructions) as f:
             report += ["## Fast path", "", f.read().strip(), ""]
 
     charts = []
@@ -757,7 +829,7 @@ def main():
                 ("memory", "Peak RSS relative to glibc (lower is better)", "peak RSS / glibc's",
                  lambda j: ["peak_rss"])):
             p = svg_chart(chart_rows(res, jobs, names, metric_of), names, title, ylabel,
-                          os.path.join(a.rundir, base))
+                          os.path.join(rundir, base))
             if p.returncode == 0:
                 charts.append(f"{base}.svg")
             else:
@@ -773,7 +845,7 @@ def main():
         report += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
 
     text = "\n".join(report)
-    with open(os.path.join(a.rundir, "report.md"), "w") as f:
+    with open(os.path.join(rundir, "report.md"), "w") as f:
         f.write(text)
     print(text)
     return 0
