@@ -53,36 +53,56 @@ def thread_counts():
     return counts + [cpus] if cpus > 1 else counts
 
 
+def job_kind(key):
+    """The kind of the benchmark named key (make_jobs names them so)."""
+    if key.startswith("simple-"):
+        return "simple"
+    if key.startswith("thread-") and key[len("thread-"):].isdigit():
+        return "thread"
+    return "workload-par" if key.endswith("-par") else "workload"
+
+
 @dataclass
 class Job:
-    key: str          # short name, used in tables and files
-    kind: str         # simple | thread | workload | workload-par
+    key: str          # short name, used in tables and files; it says the kind (job_kind)
     argv: list
     allocators: list  # which candidates run it, in the order they run each round
     pinned: bool = False  # runs on one CPU (pinned_cpu), every candidate on the same one
+
+    @property
+    def kind(self):
+        """simple | thread | workload | workload-par"""
+        return job_kind(self.key)
 
 
 @dataclass
 class Results:
     raw: list = field(default_factory=list)       # (round, job, allocator, metric, unit, value)
     failures: dict = field(default_factory=dict)  # (job, allocator) -> [reason, ...]
-    values: dict = field(default_factory=dict)    # (job, metric, allocator) -> [value per round]
     by_round: dict = field(default_factory=dict)  # (job, metric, allocator) -> {round: value}
     units: dict = field(default_factory=dict)     # (job, metric) -> unit
     metric_order: dict = field(default_factory=dict)  # job -> [metric, ...] in first-seen order
 
     def add(self, rnd, job, alloc, metric, unit, value):
         self.raw.append((rnd, job.key, alloc, metric, unit, value))
-        self.values.setdefault((job.key, metric, alloc), []).append(value)
         self.by_round.setdefault((job.key, metric, alloc), {})[rnd] = value
         self.units[(job.key, metric)] = unit
         order = self.metric_order.setdefault(job.key, [])
         if metric not in order:
             order.append(metric)
 
+    def values(self, job_key, metric, alloc):
+        """alloc's figures, one a round it ran without failing."""
+        return list(self.by_round.get((job_key, metric, alloc), {}).values())
+
     def median(self, job_key, metric, alloc):
-        v = self.values.get((job_key, metric, alloc))
+        v = self.values(job_key, metric, alloc)
         return statistics.median(v) if v else None
+
+    def failed(self, job_key, metric, peers, alloc=MAIN):
+        """Whether a peer has the figure and alloc, which failed, has none."""
+        return not self.values(job_key, metric, alloc) and any(
+            self.values(job_key, metric, p) for p in peers)
 
     def ratio(self, job_key, metric, alloc, other, other_metric=None):
         """The median over the rounds of alloc's figure ÷ other's (other_metric's, if given) in
@@ -102,10 +122,7 @@ def read_raw(rundir):
     with open(os.path.join(rundir, "raw.csv"), newline="") as f:
         for row in csv.DictReader(f):
             key, alloc = row["benchmark"], row["allocator"]
-            kind = ("simple" if key.startswith("simple-") else
-                    "thread" if key.startswith("thread-") and key[7:].isdigit() else
-                    "workload-par" if key.endswith("-par") else "workload")
-            job = jobs.setdefault(key, Job(key, kind, [], []))
+            job = jobs.setdefault(key, Job(key, [], []))
             if alloc not in job.allocators:
                 job.allocators.append(alloc)
             res.add(int(row["round"]), job, alloc, row["metric"], row["unit"], float(row["value"]))
@@ -182,21 +199,21 @@ def make_jobs(bindir, mode, allocs, notes):
     main_allocs = [a for a in allocs if a != NO_ST_FLAG]
     jobs = []
     for size in m["sizes"]:
-        jobs.append(Job(f"simple-{size}", "simple",
+        jobs.append(Job(f"simple-{size}",
                         [os.path.join(bindir, "bench-malloc-simple"), str(size)], list(allocs), pinned=True))
     for t in m["threads"] or thread_counts():
-        jobs.append(Job(f"thread-{t}", "thread",
+        jobs.append(Job(f"thread-{t}",
                         [os.path.join(bindir, "bench-malloc-thread"), str(t), "--duration", str(m["duration"])],
                         main_allocs))
     workloads = list_workloads(bindir, notes)
     if m["single"]:
         for prog, name in workloads:
             linger = ["--linger", str(LINGER_MS)] if name == LINGER_JOB else []
-            jobs.append(Job(name, "workload", [prog, name, "--scale", str(m["scale"])] + linger,
+            jobs.append(Job(name, [prog, name, "--scale", str(m["scale"])] + linger,
                             main_allocs))
     if m["parallel"]:
         for prog, name in workloads:
-            jobs.append(Job(f"{name}-par", "workload-par",
+            jobs.append(Job(f"{name}-par",
                             [prog, name, "--parallel", "--scale", str(m["scale"])], main_allocs))
     return jobs
 
@@ -347,8 +364,7 @@ def ratio_table(res, jobs, peers):
         have = {p: r for p, r in ratios.items() if r is not None}
         best_peer = max(have, key=have.get) if have else None   # the peer fastmalloc is slowest against
         best_ratio = have.get(best_peer) if best_peer else None
-        failed = (res.median(job.key, metric, MAIN) is None and   # a peer has the figure, fastmalloc none
-                  any(res.median(job.key, metric, p) is not None for p in peers))
+        failed = res.failed(job.key, metric, peers)
         by_group.setdefault(job.kind, []).append((best_ratio, ratios, failed))
         if failed or (best_ratio and best_ratio > worst[0]):
             worst = (math.inf if failed else best_ratio, label)
@@ -398,8 +414,7 @@ def memory_table(res, jobs, names, peers):
             end, trim = res.median(job.key, "rss_end", a), res.median(job.key, "rss_trim", a)
             cells.append(" / ".join(fmt_value(v, "KiB") for v in (peak, end, trim) if v is not None))
         r = over_best_peer(res, job.key, "peak_rss", peers)
-        if res.median(job.key, "peak_rss", MAIN) is None and any(
-                res.median(job.key, "peak_rss", p) for p in peers):
+        if res.failed(job.key, "peak_rss", peers):
             r = math.inf   # failed: no mean hides it
         ratios.append((r, job.key))
         out.append([job.key] + cells + [fmt_ratio(r) if r else "—"])
@@ -568,7 +583,7 @@ def mark_table(res, jobs, peers):
         for a in mem:
             mem[a].append(r[a])
         out.append([job.key] + [f"{t[a]:.2f}" if t[a] else "—" for a in (MAIN, NO_MARK)] +
-                   [f"{t['cost']:.2f}" if t["cost"] else "—"] +
+                   [fmt_quotient(t["cost"])] +
                    [fmt_value(res.median(job.key, "peak_rss", a), "KiB") for a in (MAIN, NO_MARK)] +
                    [f"{r[a]:.2f}" if r[a] else "—" for a in (MAIN, NO_MARK)])
     for kind, title in GROUPS:
@@ -624,7 +639,7 @@ def write_files(res, jobs, rundir):
     for job in jobs:
         for metric in res.metric_order.get(job.key, []):
             for a in job.allocators:
-                v = res.values.get((job.key, metric, a))
+                v = res.values(job.key, metric, a)
                 if v:
                     summary.append({"benchmark": job.key, "metric": metric, "unit": res.units[(job.key, metric)],
                                     "allocator": a, "median": statistics.median(v), "runs": v})
