@@ -97,6 +97,7 @@ static fm_span *arena_take_span_in(fm_arena *arena, fm_chunk *chunk, unsigned un
   arena_relist_chunk(arena, chunk, false);
   if (clean) arena_offset_growth(arena, clean);
   arena->counters.spans_taken++;
+  arena->units_taken += units;
   return span;
 }
 
@@ -224,6 +225,20 @@ static unsigned dirty_free_units_counted(const fm_arena *arena) {
 }
 #endif
 
+/* The most units the arena took in one of its last FM_DEMAND_TICKS ticks; starts the
+ * count of the next. A tick keeps that many stale dirty units, the lowest, which the next
+ * spans take first: a program that frees a heap and then builds another (or frees it
+ * over several ticks first) reuses its pages instead of faulting them in again; once it
+ * stops building, they go FM_DEMAND_TICKS ticks later. */
+static unsigned arena_demand(fm_arena *arena) {
+  arena->units_taken_in_tick[arena->purge_epoch % FM_DEMAND_TICKS] = arena->units_taken;
+  arena->units_taken = 0;
+  unsigned most = 0;
+  for (unsigned i = 0; i < FM_DEMAND_TICKS; i++)
+    if (arena->units_taken_in_tick[i] > most) most = arena->units_taken_in_tick[i];
+  return most;
+}
+
 static void arena_tick(fm_arena *arena, uint64_t now) {
   fm_assert(arena->dirty_free_units == dirty_free_units_counted(arena));
   /* (other arenas' ticks read it without the lock: a hint) */
@@ -342,12 +357,15 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   size_t released = 0;
   arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
+  unsigned keep = all ? 0 : arena_demand(arena);   /* units the tick leaves resident */
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
       next = span->next;
       if (all || (uint32_t)(arena->purge_epoch - span->empty_since) >= 2) {
         kept_remove(arena, span);
-        bool purged = pages && os_purge(span_base(span), span_bytes(span));
+        bool kept = !all && keep >= span->units;   /* back to its chunk still resident */
+        if (kept) keep -= span->units;
+        bool purged = pages && !kept && os_purge(span_base(span), span_bytes(span));
         if (purged) released += span_bytes(span);
         arena_give_back_span(arena, span, purged);
       }
@@ -381,7 +399,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
     }
     if (pages) {
       unsigned before = chunk_dirty_free_units(chunk);
-      released += chunk_purge(chunk, all);
+      released += chunk_purge(chunk, all, &keep);
       arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
     }
   }

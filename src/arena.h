@@ -48,6 +48,10 @@ typedef struct fm_arena {
    * the lock: a hint). */
   uint32_t dirty_free_units;
   uint64_t offset_refused;   /* purge_epoch + 1 when the OS refused a growth's purge here */
+  /* Units its spans took from the chunks since the last tick, and in each of the
+   * FM_DEMAND_TICKS ticks before (by purge_epoch): its demand, for which a tick keeps as
+   * many dirty free units (arena_purge). */
+  uint32_t units_taken, units_taken_in_tick[FM_DEMAND_TICKS];
   bool idle_purged;        /* it purged everything since the arena was last used */
   arena_counters counters;
   /* Live threads dealt the arena (thread.c, under the registry's lock; others read it). */

@@ -169,10 +169,14 @@ unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most, bool *refused) {
   return purged;
 }
 
-size_t chunk_purge(fm_chunk *chunk, bool force) {
+size_t chunk_purge(fm_chunk *chunk, bool force, unsigned *keep) {
   size_t purged = 0;
   uint64_t dirty = chunk->dirty_units & chunk->free_units & (force ? ~(uint64_t)0 : chunk->stale_units);
-  uint64_t refused = 0;   /* units whose pages the OS kept: still dirty */
+  uint64_t refused = 0;   /* units kept, or whose pages the OS kept: still dirty */
+  for (; dirty && *keep; --*keep) {
+    refused |= dirty & -dirty;
+    dirty &= dirty - 1;
+  }
   while (dirty) {
     unsigned first = (unsigned)__builtin_ctzll(dirty);
     unsigned len = (unsigned)__builtin_ctzll(~(dirty >> first));  /* run length */

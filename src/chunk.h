@@ -159,8 +159,9 @@ unsigned chunk_dirty_free_units(const fm_chunk *chunk);
  * *refused: set when the OS refused a purge. */
 unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most, bool *refused);
 /* Purges the dirty free units that stayed free since the last tick (all when force),
+ * but for the lowest *keep of them, which stay dirty (*keep counts down by those kept),
  * and starts the next generation (a tick's: sparse_ticks too, unless force); returns
  * bytes purged. */
-size_t chunk_purge(fm_chunk *chunk, bool force);
+size_t chunk_purge(fm_chunk *chunk, bool force, unsigned *keep);
 
 #endif

@@ -69,6 +69,8 @@
  * purged faults them in again when its threads grow back (with 4 MiB, twice the pages
  * purged in a many-thread stress, and a fifth more time). */
 #define FM_DIRTY_FREE_UNITS_KEPT 128
+/* Purge ticks over which an arena's demand for units is its most in one (arena.c). */
+#define FM_DEMAND_TICKS 4
 
 /* Mapped blocks' mappings: sizes and starts are multiples of 2 MiB, the reach of one page
  * table, which mremap moves whole (pages moved a table at a time are as fast to use as

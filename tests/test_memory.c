@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 static void test_uses_fastmalloc(void **state) { fmt_assert_uses_fastmalloc(); }
 
@@ -49,13 +50,16 @@ static size_t build_heap_of(size_t (*size_of)(unsigned), unsigned char fill) {
 /* The mixed heap. */
 static size_t build_heap(unsigned char fill) { return build_heap_of(heap_size, fill); }
 
-static void free_heap_shuffled(uint64_t seed) {
-  shuffle(order, HEAP_BLOCKS, seed);
-  for (unsigned i = 0; i < HEAP_BLOCKS; i++) {
+/* Frees heap[0 .. n) in random order. */
+static void free_heap_shuffled_n(unsigned n, uint64_t seed) {
+  shuffle(order, n, seed);
+  for (unsigned i = 0; i < n; i++) {
     free(heap[order[i]]);
     heap[order[i]] = NULL;
   }
 }
+
+static void free_heap_shuffled(uint64_t seed) { free_heap_shuffled_n(HEAP_BLOCKS, seed); }
 
 static void test_trim_lowers_rss(void **state) {
   size_t rss0 = fmt_rss();
@@ -185,6 +189,45 @@ static void test_freed_heap_purged_at_few_arena_frees(void **state) {
   }
   print_message("heap %zu: purged after %d arena frees 20 ms apart\n", total, frees);
   if (frees > 60) fail_msg("a freed %zu-byte heap was still resident after %d arena frees", total, frees);
+}
+
+/* Page faults of the process so far. */
+static long minor_faults(void) {
+  struct rusage usage;
+  assert_int_equal(getrusage(RUSAGE_SELF, &usage), 0);
+  return usage.ru_minflt;
+}
+
+/* Waits a purge delay and a half, then reaches the arena, which runs a purge tick then. */
+static void pause_for_a_tick(void) {
+  usleep(150 * 1000);
+  free(fmt_launder(malloc(100 * FMT_KIB)));
+}
+
+/* A heap freed and built again a few purge ticks later reuses its pages: a tick keeps as
+ * many units resident as the arena took in one of its last ticks (the heap's first build),
+ * so the second build faults in few pages, where purged units would fault in every one.
+ * Blocks of 128 KiB, spans of their own, which no thread cache holds. Three ticks pass
+ * between the builds: one to see the freed units stay free, the next two to purge them. */
+static void test_heap_built_again_after_ticks_reuses_pages(void **state) {
+  enum { BLOCKS = 256, SIZE = 128 * FMT_KIB };
+  malloc_trim(0);
+  pause_for_a_tick();   /* so the first build's units are all taken within one tick */
+  for (int build = 0; build < 2; build++) {
+    long faults = minor_faults();
+    for (unsigned i = 0; i < BLOCKS; i++) {
+      assert_non_null(heap[i] = malloc(SIZE));
+      memset(heap[i], build + 1, SIZE);
+    }
+    faults = minor_faults() - faults;
+    long pages = (long)BLOCKS * SIZE / 4096;
+    print_message("build %d: %ld page faults for %ld pages\n", build, faults, pages);
+    if (build == 1 && faults > pages / 2)
+      fail_msg("a heap built again 3 purge ticks after it was freed faulted in %ld of its %ld "
+               "pages", faults, pages);
+    free_heap_shuffled_n(BLOCKS, (uint64_t)build + 11);
+    for (int tick = 0; build == 0 && tick < 3; tick++) pause_for_a_tick();
+  }
 }
 
 /* A program that frees its heap and goes on working a little (256 blocks of 48 bytes every
@@ -609,6 +652,7 @@ int main(void) {
       cmocka_unit_test(test_freed_heap_purged_at_few_arena_frees),
       cmocka_unit_test(test_freed_heap_purged_while_cycling_a_batch),
       cmocka_unit_test(test_freed_heap_purged_while_cycling_pairs),
+      cmocka_unit_test(test_heap_built_again_after_ticks_reuses_pages),
       cmocka_unit_test(test_blocks_passed_between_threads_rss_bounded),
       cmocka_unit_test(test_page_blocks_passed_between_threads_rss_bounded),
       cmocka_unit_test(test_thread_cache_within_budget),
