@@ -6,7 +6,7 @@
 
 #include "tcache.h"
 
-/* malloc past the thread cache's copy of the size table (size > FM_TABLED_MAX). */
+/* malloc past the size-indexed table (size > FM_TABLED_MAX). */
 fm_noinline void *alloc_untabled(size_t size);
 
 static fm_always_inline void *alloc_malloc(size_t size) {

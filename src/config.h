@@ -93,10 +93,8 @@
  * arena knows reads zero: the pages a growing heap's callers never write stay out of RSS. */
 #define FM_CALLOC_ZEROED_MIN FM_PAGE_SIZE
 
-/* Thread caches. Requests up to FM_TABLED_MAX find their class in the cache's own copy of
- * the size table (off %fs, one instruction less than a global); the copy stops there to
- * keep the cache small (about 1.5 KiB of TLS), so a dlopen'ed copy of the library fits in
- * glibc's spare static TLS. */
+/* Thread caches. Requests up to FM_TABLED_MAX find their class in a table indexed by the
+ * size (size_class_of_size), inline; larger ones call out to the granule table. */
 #define FM_TABLED_MAX 1024u
 /* A bin starts with room for about 1 KiB (1 to 16 blocks), so a thread that allocates
  * little holds little, and doubles on each miss up to about 2 MiB, at most 2048 blocks.

@@ -1,8 +1,10 @@
 /* The size-class tables: block size per class, and class per 16-byte granule of a
- * request. The granule table is derived from size_class_formula at start-up. */
+ * request and per request size. The class tables are derived from size_class_formula at
+ * start-up. */
 #include "size_class.h"
 
 uint8_t size_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
+uint8_t size_class_of_size[FM_TABLED_MAX + 1];
 
 /* Class c >= 9 is 2^b + (k + 1) * 2^(b - 2) with b = 7 + (c - 9) / 4, k = (c - 9) % 4. */
 #define FM_GEOMETRIC(c) \
@@ -39,6 +41,7 @@ void size_class_init(void) {
     fm_assert(cls == 1 || size_class_size[cls - 1] < (g << 4));
     size_class_of_granule[g] = (uint8_t)cls;
   }
+  for (size_t size = 0; size <= FM_TABLED_MAX; size++) size_class_of_size[size] = size_class_of(size);
 }
 
 static unsigned twin_of(unsigned cls) {

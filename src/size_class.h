@@ -28,6 +28,9 @@
 /* Class of each 16-byte granule of size; filled by size_class_init() before the
  * first block is handed out (until then it reads 0, whose bin is always empty). */
 extern fm_hidden uint8_t size_class_of_granule[(FM_SMALL_MAX >> 4) + 1];
+/* The same by the size itself, up to FM_TABLED_MAX, for malloc's fast path (tcache.h):
+ * one load off the table's address, where a granule's index takes an add and a shift. */
+extern fm_hidden uint8_t size_class_of_size[FM_TABLED_MAX + 1];
 extern fm_hidden const uint32_t size_class_size[FM_BINS];    /* bytes usable in a block */
 extern fm_hidden const uint32_t size_class_stride[FM_BINS];  /* distance between blocks */
 

@@ -346,7 +346,6 @@ static void set_up(fm_tcache *tc) {
     return;
   }
   layout_start(tc);
-  memcpy(tc->class_of_granule, size_class_of_granule, sizeof tc->class_of_granule);
   tc->limit_bytes = start_bytes;
   tc->sweep_epoch = arena_epoch(tc);   /* (new bins have nothing to sweep) */
   /* Live before pthread_setspecific: it callocs for high key numbers. */

@@ -1,7 +1,7 @@
 /* The per-thread cache: a bin (bin.h) per size class in the thread's static TLS, and the
  * malloc/free fast paths, inlined into the exported functions. A hit is: no call, no lock,
  * no atomic, no errno write, no "initialised?" test. Every miss tail-calls a noinline slow
- * path in tcache.c. Cost (x86-64, gcc 12, check on): malloc hit 13 instructions, free hit
+ * path in tcache.c. Cost (x86-64, gcc 12, check on): malloc hit 12 instructions, free hit
  * 15. Nothing here is shared: only the owning thread reads or writes its cache. */
 #ifndef FM_TCACHE_H
 #define FM_TCACHE_H
@@ -30,10 +30,6 @@ typedef struct fm_tcache {
   void **top[FM_BINS];
   void **low[FM_BINS];
   int32_t limit[FM_BINS];
-  /* The start of size_class_of_granule, up to FM_TABLED_MAX, so malloc indexes it off %fs
-   * like the bins (one instruction less than a PIC global); all 0 before set-up and after
-   * exit. */
-  uint8_t class_of_granule[(FM_TABLED_MAX >> 4) + 1];
   uint8_t activity[FM_BINS]; /* BIN_REFILLED | BIN_OVERFLOWED since the last idle sweep */
   uint8_t state;             /* FM_TCACHE_BOOT, _LIVE or _DEAD */
   fm_arena *arena;
@@ -92,7 +88,7 @@ static fm_always_inline void *tcache_malloc_class(size_t cls, size_t size, bool 
 
 /* malloc of size <= FM_TABLED_MAX. */
 static fm_always_inline void *tcache_malloc_tabled(size_t size, tcache_miss_fn miss) {
-  return tcache_malloc_class(tcache_tls.class_of_granule[(size + 15) >> 4], size, true, miss);
+  return tcache_malloc_class(size_class_of_size[size], size, true, miss);
 }
 
 static fm_always_inline void tcache_free(void *p) {

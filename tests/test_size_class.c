@@ -1,6 +1,6 @@
 /* White-box test of src/size_class.h, built from the allocator's objects: the class sizes
- * are those of docs/design.md ("Memory layout"), the lookup table agrees with the formula
- * for every size 0 .. FM_SMALL_MAX, and each answer is the smallest class that fits (and
+ * are those of docs/design.md ("Memory layout"), the lookup tables agree with the formula
+ * for every size 0 .. FM_SMALL_MAX (FM_TABLED_MAX), and each answer is the smallest class that fits (and
  * aligns). */
 #include "fm_test.h"
 
@@ -22,6 +22,14 @@ static void test_table_matches_formula(void **state) {
     if (size_class_of(s) != size_class_formula(s))
       fail_msg("size %zu: table says class %u, formula %u", s, size_class_of(s),
                size_class_formula(s));
+}
+
+/* malloc's fast path reads the size-indexed table up to FM_TABLED_MAX. */
+static void test_size_table_matches_formula(void **state) {
+  for (size_t s = 0; s <= FM_TABLED_MAX; s++)
+    if (size_class_of_size[s] != size_class_formula(s))
+      fail_msg("size %zu: size table says class %u, formula %u", s,
+               (unsigned)size_class_of_size[s], size_class_formula(s));
 }
 
 static void test_smallest_fitting_class(void **state) {
@@ -92,6 +100,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_class_sizes_match_design),
       cmocka_unit_test(test_table_matches_formula),
+      cmocka_unit_test(test_size_table_matches_formula),
       cmocka_unit_test(test_smallest_fitting_class),
       cmocka_unit_test(test_strides),
       cmocka_unit_test(test_padded_blocks_spread),
