@@ -225,12 +225,12 @@ static unsigned dirty_free_units_counted(const fm_arena *arena) {
 }
 #endif
 
-/* The most units the arena took in one of its last FM_DEMAND_TICKS ticks; starts the
- * count of the next. A tick keeps that many stale dirty units, the lowest, which the next
- * spans take first: a program that frees a heap and then builds another (or frees it
- * over several ticks first) reuses its pages instead of faulting them in again; once it
- * stops building, they go FM_DEMAND_TICKS ticks later. */
-static unsigned arena_demand(fm_arena *arena) {
+/* Closes the count of the units the arena took since the last tick, and returns the most
+ * it took in one of its last FM_DEMAND_TICKS ticks. A tick keeps that many stale dirty
+ * units, the lowest, which the next spans take first: a program that frees a heap and then
+ * builds another (or frees it over several ticks first) reuses its pages instead of
+ * faulting them in again; once it stops building, they go FM_DEMAND_TICKS ticks later. */
+static unsigned arena_demand_at_tick(fm_arena *arena) {
   arena->units_taken_in_tick[arena->purge_epoch % FM_DEMAND_TICKS] = arena->units_taken;
   arena->units_taken = 0;
   unsigned most = 0;
@@ -357,15 +357,15 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   size_t released = 0;
   arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
-  unsigned keep = all ? 0 : arena_demand(arena);   /* units the tick leaves resident */
+  unsigned keep = all ? 0 : arena_demand_at_tick(arena);   /* units the tick leaves resident */
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {
       next = span->next;
       if (all || (uint32_t)(arena->purge_epoch - span->empty_since) >= 2) {
         kept_remove(arena, span);
-        bool kept = !all && keep >= span->units;   /* back to its chunk still resident */
-        if (kept) keep -= span->units;
-        bool purged = pages && !kept && os_purge(span_base(span), span_bytes(span));
+        bool resident = !all && keep >= span->units;   /* back to its chunk unpurged */
+        if (resident) keep -= span->units;
+        bool purged = pages && !resident && os_purge(span_base(span), span_bytes(span));
         if (purged) released += span_bytes(span);
         arena_give_back_span(arena, span, purged);
       }

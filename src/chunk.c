@@ -172,9 +172,9 @@ unsigned chunk_purge_highest(fm_chunk *chunk, unsigned most, bool *refused) {
 size_t chunk_purge(fm_chunk *chunk, bool force, unsigned *keep) {
   size_t purged = 0;
   uint64_t dirty = chunk->dirty_units & chunk->free_units & (force ? ~(uint64_t)0 : chunk->stale_units);
-  uint64_t refused = 0;   /* units kept, or whose pages the OS kept: still dirty */
+  uint64_t stay_dirty = 0;   /* units kept, or whose pages the OS refused to purge */
   for (; dirty && *keep; --*keep) {
-    refused |= dirty & -dirty;
+    stay_dirty |= dirty & -dirty;
     dirty &= dirty - 1;
   }
   while (dirty) {
@@ -184,10 +184,10 @@ size_t chunk_purge(fm_chunk *chunk, bool force, unsigned *keep) {
     if (os_purge((char *)chunk + (size_t)first * FM_UNIT_SIZE, (size_t)len * FM_UNIT_SIZE))
       purged += (size_t)len * FM_UNIT_SIZE;
     else
-      refused |= unit_bits(first, len);
+      stay_dirty |= unit_bits(first, len);
     dirty &= ~unit_bits(first, len);
   }
-  chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units) | refused;
+  chunk->dirty_units &= ~(force ? chunk->free_units : chunk->stale_units) | stay_dirty;
   chunk->stale_units = chunk->dirty_units & chunk->free_units;
   if (!force) chunk->sparse_ticks = chunk_mostly_free(chunk) ? (chunk->sparse_ticks ? 2 : 1) : 0;
   return purged;

@@ -41,7 +41,8 @@ void size_class_init(void) {
     fm_assert(cls == 1 || size_class_size[cls - 1] < (g << 4));
     size_class_of_granule[g] = (uint8_t)cls;
   }
-  for (size_t size = 0; size <= FM_TABLED_MAX; size++) size_class_of_size[size] = size_class_of(size);
+  for (size_t size = 0; size <= FM_TABLED_MAX; size++)
+    size_class_of_size[size] = (uint8_t)size_class_of(size);
 }
 
 static unsigned twin_of(unsigned cls) {

@@ -174,6 +174,10 @@ static void *heap_built_and_freed(void *arg) {
   return arg;
 }
 
+/* A malloc and a free of a chunk span's block, which no thread cache holds: both reach the
+ * arena, whose free path reads the purge clock. */
+static void arena_malloc_and_free(void) { free(fmt_launder(malloc(100 * FMT_KIB))); }
+
 static void test_freed_heap_purged_at_few_arena_frees(void **state) {
   malloc_trim(0);
   size_t rss0 = fmt_rss(), total = 0;
@@ -184,7 +188,7 @@ static void test_freed_heap_purged_at_few_arena_frees(void **state) {
   int frees = 0;
   while (fmt_rss() > rss0 + total / 4 && frees < 1000) {
     usleep(20 * 1000);
-    free(fmt_launder(malloc(100 * FMT_KIB)));   /* a chunk span's block: an arena free */
+    arena_malloc_and_free();
     frees++;
   }
   print_message("heap %zu: purged after %d arena frees 20 ms apart\n", total, frees);
@@ -201,7 +205,7 @@ static long minor_faults(void) {
 /* Waits a purge delay and a half, then reaches the arena, which runs a purge tick then. */
 static void pause_for_a_tick(void) {
   usleep(150 * 1000);
-  free(fmt_launder(malloc(100 * FMT_KIB)));
+  arena_malloc_and_free();
 }
 
 /* A heap freed and built again a few purge ticks later reuses its pages: a tick keeps as

@@ -1,7 +1,7 @@
 /* White-box test of src/size_class.h, built from the allocator's objects: the class sizes
  * are those of docs/design.md ("Memory layout"), the lookup tables agree with the formula
- * for every size 0 .. FM_SMALL_MAX (FM_TABLED_MAX), and each answer is the smallest class that fits (and
- * aligns). */
+ * for every size 0 .. FM_SMALL_MAX (the size-indexed one up to FM_TABLED_MAX), and each
+ * answer is the smallest class that fits (and aligns). */
 #include "fm_test.h"
 
 #include "size_class.h"
