@@ -98,14 +98,15 @@
 #define FM_TABLED_MAX 1024u
 /* A bin starts with room for about 1 KiB (1 to 16 blocks), so a thread that allocates
  * little holds little, and doubles on each miss up to about 2 MiB, at most 2048 blocks.
- * Blocks over 4 KiB stop at 128 KiB (10 to 25 blocks): each pins its pages, but a thread
- * that replaces such blocks at random misses a bin of 4 to 6 every few calls, and each miss
- * takes an arena's lock. */
+ * Blocks over 4 KiB stop at 256 KiB (21 to 51 blocks): each pins its pages, but a thread
+ * that replaces such blocks at random misses a small bin every few calls, and each miss
+ * takes an arena's lock; threads that pass such blocks to each other (a pool's workers)
+ * would flush a bin of half that every few frees. */
 #define FM_BIN_START_BYTES 1024
 #define FM_BIN_START_BLOCKS_MAX 16
 #define FM_BIN_START_ROOM_MIN 4
 #define FM_BIN_MAX_BYTES ((size_t)2 << 20)
-#define FM_BIN_MAX_BYTES_LARGE ((size_t)128 << 10)
+#define FM_BIN_MAX_BYTES_LARGE ((size_t)256 << 10)
 #define FM_BIN_MAX_BLOCKS 2048
 /* A thread keeps up to 4 freed page blocks of each length for its next mallocs, and 256 KiB
  * of them in all: a program that replaces blocks of a few lengths at random finds one most
