@@ -51,6 +51,16 @@ void *os_map(size_t size) {
   return p;
 }
 
+void *os_map_sparse(size_t size) {
+  void *p = os_map(size);
+  if (p) {
+    int saved = errno;
+    madvise(p, size, MADV_NOHUGEPAGE);   /* (refused only where huge pages are not built in) */
+    errno = saved;
+  }
+  return p;
+}
+
 /* The kernel places mappings top-down, below the lowest one, usually one of ours: a
  * mapping of a multiple of the alignment then comes out aligned, in one system call.
  * Else it unmaps that, over-maps by the alignment and trims both ends: up to five calls.

@@ -7,6 +7,9 @@
 
 void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
 void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
+/* As os_map, for a table written a few bytes a page: never backed by huge pages, which
+ * would make 2 MiB resident for each byte written. */
+void *os_map_sparse(size_t size);
 void os_unmap(void *addr, size_t size);
 bool os_purge(void *addr, size_t size);           /* drop the pages now: RSS falls at once, and
                                                       they read zero; false if the OS refused */

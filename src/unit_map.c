@@ -1,5 +1,5 @@
 /* The unit map's leaves: mapped on first use, published with one compare-and-swap, never
- * given back (a leaf costs 1 MiB of address space for each 64 GiB that ever held our
+ * given back (a leaf costs 4 MiB of address space for each 256 GiB that ever held our
  * memory, and only the pages of it that hold entries are resident). */
 #include "unit_map.h"
 
@@ -16,14 +16,9 @@ static uint8_t zero_leaf[UNIT_MAP_LEAF_ENTRIES];
   ZERO_ENTRIES_16(i), ZERO_ENTRIES_16(i + 16), ZERO_ENTRIES_16(i + 32), ZERO_ENTRIES_16(i + 48)
 #define ZERO_ENTRIES_256(i) \
   ZERO_ENTRIES_64(i), ZERO_ENTRIES_64(i + 64), ZERO_ENTRIES_64(i + 128), ZERO_ENTRIES_64(i + 192)
-#define ZERO_ENTRIES_1024(i)                                                        \
-  ZERO_ENTRIES_256(i), ZERO_ENTRIES_256(i + 256), ZERO_ENTRIES_256(i + 512), \
-      ZERO_ENTRIES_256(i + 768)
-
-_Static_assert(UNIT_MAP_ROOT_ENTRIES == 2048, "the initialiser below writes 2 x 2048 entries");
+_Static_assert(UNIT_MAP_ROOT_ENTRIES == 512, "the initialiser below writes 2 x 512 entries");
 static __attribute__((used)) uintptr_t unit_map_entries[2 * UNIT_MAP_ROOT_ENTRIES] = {
-    ZERO_ENTRIES_1024(-2048), ZERO_ENTRIES_1024(-1024), ZERO_ENTRIES_1024(0),
-    ZERO_ENTRIES_1024(1024)};
+    ZERO_ENTRIES_256(-512), ZERO_ENTRIES_256(-256), ZERO_ENTRIES_256(0), ZERO_ENTRIES_256(256)};
 /* unit_map_root, the one name the rest of the library uses, is the upper half's first
  * entry as a symbol of its own: gcc would add the offset to each index rather than fold it
  * into the position-independent address. (used: only the asm refers to the array.) The
@@ -42,7 +37,7 @@ bool unit_map_hold_spares(unsigned count) {
   if (count > UNIT_MAP_SPARES_MAX) return false;
   for (unsigned i = 0; i < count; i++) {
     if (__atomic_load_n(&spare_leaves[i], __ATOMIC_ACQUIRE)) continue;
-    uint8_t *leaf = os_map(UNIT_MAP_LEAF_ENTRIES);
+    uint8_t *leaf = os_map_sparse(UNIT_MAP_LEAF_ENTRIES);
     if (!leaf) return false;
     uint8_t *none = NULL;
     if (!__atomic_compare_exchange_n(&spare_leaves[i], &none, leaf, false, __ATOMIC_ACQ_REL,
@@ -53,7 +48,7 @@ bool unit_map_hold_spares(unsigned count) {
 }
 
 static uint8_t *new_leaf(void) {
-  uint8_t *leaf = os_map(UNIT_MAP_LEAF_ENTRIES);
+  uint8_t *leaf = os_map_sparse(UNIT_MAP_LEAF_ENTRIES);
   for (unsigned i = 0; !leaf && i < UNIT_MAP_SPARES_MAX; i++)
     leaf = __atomic_exchange_n(&spare_leaves[i], NULL, __ATOMIC_ACQ_REL);
   return leaf;

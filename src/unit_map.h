@@ -7,16 +7,17 @@
 
 #include "config.h"
 
-/* Two levels: a static root of 2048 entries, each for 64 GiB of the 47-bit user address
- * space, pointing at a leaf of 2^20 bytes (one a unit) that is mapped the first time
- * something of ours lies in its 64 GiB; until then every root entry points at one shared
- * leaf of zeros. So the map holds 1 MiB of address space for each 64 GiB region that has
+/* Two levels: a static root of 512 entries, each for 256 GiB of the 47-bit user address
+ * space, pointing at a leaf of 2^22 bytes (one a unit) that is mapped the first time
+ * something of ours lies in its 256 GiB; until then every root entry points at one shared
+ * leaf of zeros. So the map holds 4 MiB of address space for each 256 GiB region that has
  * our memory, and reads "not ours" everywhere else, from the first instruction of the
- * process on (before any set-up: the root is initialised by the loader). Below the root
- * lie 2048 more entries, for the kernel's half of the address space, that always point at
+ * process on (before any set-up: the root is initialised by the loader). The root is
+ * small because the loader's pages of it are resident whole: 8 KiB in all. Below the root
+ * lie 512 more entries, for the kernel's half of the address space, that always point at
  * the zero leaf: the lookup shifts a pointer as a signed number, so a pointer such as
  * (void *)-1 or MAP_FAILED reads "not ours" with no test on the fast path. */
-#define UNIT_MAP_LEAF_SHIFT 36
+#define UNIT_MAP_LEAF_SHIFT 38
 #define UNIT_MAP_ROOT_ENTRIES ((size_t)1 << (FM_ADDRESS_BITS - UNIT_MAP_LEAF_SHIFT))
 #define UNIT_MAP_LEAF_ENTRIES ((size_t)1 << (UNIT_MAP_LEAF_SHIFT - FM_UNIT_SHIFT))
 
