@@ -38,7 +38,7 @@ static void *large_block(size_t size, size_t align, large_use use) {
   for (bool retried = false; !p; retried = true) {
     if (in_pages) p = arena_alloc_pages(arena, size, align, &zeroed);
     else if (span_first) p = arena_alloc_span_block(arena, span_size, &zeroed);
-    if (!p) p = mapped_alloc(size, align, arena, use == LARGE_GROWING, &zeroed);
+    if (!p) p = mapped_alloc(size, align, arena, use == LARGE_GROWING, use == LARGE_ZEROED, &zeroed);
     if (!p && span_last) p = arena_alloc_span_block(arena, span_size, &zeroed);
     if (!p && (retried || !init_release_for_retry())) {
       errno = ENOMEM;

@@ -72,6 +72,14 @@
 /* Purge ticks over which an arena's demand for units is its most in one (arena.c). */
 #define FM_DEMAND_TICKS 4
 
+/* Once this much is mapped, the new mappings of blocks past 1 MiB (but calloc's, which a
+ * program may write little of) ask for transparent huge pages (MADV_HUGEPAGE; the kernel's
+ * default leaves them to programs that ask): a program that fills big blocks then faults
+ * them in 2 MiB at a time, with a 512th of the faults, and misses the TLB less. A small
+ * heap never asks: a huge page makes 2 MiB resident for any byte of it touched. Chunks
+ * never ask: their purged units would come back whole. (FASTMALLOC_HUGE_PAGES=0: never.) */
+#define FM_HUGE_PAGES_FROM ((size_t)64 << 20)
+
 /* Mapped blocks' mappings: sizes and starts are multiples of 2 MiB, the reach of one page
  * table, which mremap moves whole (pages moved a table at a time are as fast to use as
  * before; moved entry by entry, some kernels make each costly to touch again). */

@@ -282,7 +282,7 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
     return NULL;
   }
   /* Map the destination first, where a limit can refuse cleanly, then move the pages. */
-  char *dest = os_map_aligned(size, FM_MAPPED_ALIGN);
+  char *dest = os_map_dense(size, FM_MAPPED_ALIGN);
   if (!dest) return mapping_move_tight(base, old, size);
   if (!unit_map_set(dest, size, FM_CLASS_MAPPED)) {
     os_unmap(dest, size);
@@ -366,7 +366,7 @@ static mapping compose(mapping_cache *c, size_t need, bool threaded) {
   unsigned n = compose_sources(c, need, src);
   lock_release(&c->lock, threaded);
   if (!n) return (mapping){NULL, 0};
-  char *dest = os_map_aligned(need, FM_MAPPED_ALIGN);
+  char *dest = os_map_dense(need, FM_MAPPED_ALIGN);
   if (dest && !unit_map_set(dest, need, FM_CLASS_MAPPED)) {
     os_unmap(dest, need);
     dest = NULL;
@@ -517,7 +517,7 @@ static void *place_block(char *base, size_t map_size, size_t offset) {
 }
 
 void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growing,
-                   bool *zeroed) {
+                   bool for_calloc, bool *zeroed) {
   size_t offset = align > MAPPED_BLOCK_OFFSET ? align : MAPPED_BLOCK_OFFSET;
   if (size > PTRDIFF_MAX - offset - FM_MAPPED_ALIGN) return NULL;
   if (size == 0) size = 1;   /* the block must lie inside its mapping */
@@ -527,7 +527,7 @@ void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growin
     got = mapping_cache_take((unsigned)(arena - arenas), need, growing);
   *zeroed = !got.base;
   if (!got.base && align <= FM_MAPPED_ALIGN)
-    got = (mapping){os_map_aligned(need, FM_MAPPED_ALIGN), need};
+    got = (mapping){(for_calloc ? os_map_aligned : os_map_dense)(need, FM_MAPPED_ALIGN), need};
   if (!got.base) {   /* (a bigger alignment, or short of address space: no rounding) */
     need = round_unit(offset + size);
     got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};

@@ -9,10 +9,11 @@
 #include "diag.h"
 
 /* A block of size bytes aligned to align (0: 64), for a thread of `arena` (whose cache of
- * freed mappings it tries first); growing: for realloc, which will grow it with mremap.
- * *zeroed says it reads zero. NULL when out of memory. */
+ * freed mappings it tries first); growing: for realloc, which will grow it with mremap;
+ * for_calloc: the program may write little of it, so a fresh mapping asks for no huge
+ * pages (os_map_dense). *zeroed says it reads zero. NULL when out of memory. */
 void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growing,
-                   bool *zeroed);
+                   bool for_calloc, bool *zeroed);
 /* Frees mapped block p into the cache of the freeing thread's arena. */
 void mapped_free(void *p, const fm_arena *arena);
 /* Bytes usable in mapped block p; the fatal report `op` when p is no live mapped block. */

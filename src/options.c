@@ -11,6 +11,7 @@
 options_t options = {
     .purge_delay_ns = PURGE_DELAY_DEFAULT_MS * 1000000ull,
     .tcache_max_bytes = TCACHE_MAX_DEFAULT,
+    .huge_pages = true,
 };
 
 /* Longer delays mean "never" and count as this (about 35 years): the clock arithmetic on
@@ -72,7 +73,7 @@ static bool read_switch(const char *name, bool *on) {
     *on = text[0] == '1';
     return true;
   }
-  warn(name, text, "0 or 1", "0");
+  warn(name, text, "0 or 1", *on ? "1" : "0");
   return false;
 }
 
@@ -87,6 +88,8 @@ void options_init(void) {
   read_switch("FASTMALLOC_STATS", &options.stats);
   read_switch("FASTMALLOC_VERBOSE", &options.verbose);
   read_switch("FASTMALLOC_PURGE_THREAD", &options.purge_thread);
+  read_switch("FASTMALLOC_HUGE_PAGES", &options.huge_pages);
+  os_huge_pages_from(options.huge_pages ? FM_HUGE_PAGES_FROM : SIZE_MAX);
 }
 
 void options_print(unsigned arena_count) {
@@ -101,6 +104,7 @@ void options_print(unsigned arena_count) {
   diag_append(&t, FM_FREE_MARK ? ", double-free check on" : ", double-free check off");
   diag_append(&t, FM_SINGLE_THREAD_FLAG ? ", single-threaded switch on" : ", single-threaded switch off");
   diag_append(&t, options.purge_thread ? ", purge thread" : "");
+  diag_append(&t, options.huge_pages ? ", huge pages for big blocks" : ", no huge pages");
   diag_append(&t, options.stats ? ", statistics at exit\n" : "\n");
   diag_finish(&t);
   diag_print(line);

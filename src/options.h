@@ -10,6 +10,8 @@
  *   FASTMALLOC_STATS           1: statistics to stderr at exit (stats.c)
  *   FASTMALLOC_VERBOSE         1: the settings in force to stderr at set-up
  *   FASTMALLOC_PURGE_THREAD    1: a thread that runs the purge ticks (init.c)
+ *   FASTMALLOC_HUGE_PAGES      0: never ask for transparent huge pages (default 1: for
+ *                              the heap's memory past FM_HUGE_PAGES_FROM)
  * A malformed value gets one warning line naming it and the default kept. */
 #ifndef FM_OPTIONS_H
 #define FM_OPTIONS_H
@@ -23,6 +25,7 @@ typedef struct options {
   bool stats;
   bool verbose;
   bool purge_thread;
+  bool huge_pages;
 } options_t;
 
 extern fm_hidden options_t options;

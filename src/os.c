@@ -86,6 +86,21 @@ void *os_map_aligned(size_t size, size_t align) {
   return p;
 }
 
+static size_t huge_pages_from = SIZE_MAX;
+
+void os_huge_pages_from(size_t mapped_bytes) { huge_pages_from = mapped_bytes; }
+
+void *os_map_dense(size_t size, size_t align) {
+  bool huge = os_mapped_bytes() >= huge_pages_from;
+  void *p = os_map_aligned(size, align);
+  if (p && huge) {
+    int saved = errno;
+    madvise(p, size, MADV_HUGEPAGE);   /* (refused where huge pages are not built in) */
+    errno = saved;
+  }
+  return p;
+}
+
 void os_unmap(void *addr, size_t size) {
   os_unmap_uncounted(addr, size);
   mapped_add(-size);

@@ -7,13 +7,14 @@
 #include "options.h"
 
 static const options_t defaults = {.purge_delay_ns = 100ull * 1000 * 1000,
-                                      .tcache_max_bytes = (size_t)4 << 20};
+                                      .tcache_max_bytes = (size_t)4 << 20, .huge_pages = true};
 
-/* The options after setting `name` to `value` (the other two unset). */
+/* The options after setting `name` to `value` (the others unset). */
 static options_t options_with(const char *name, const char *value) {
   unsetenv("FASTMALLOC_PURGE_DELAY_MS");
   unsetenv("FASTMALLOC_TCACHE_MAX");
   unsetenv("FASTMALLOC_ARENAS");
+  unsetenv("FASTMALLOC_HUGE_PAGES");
   if (value) setenv(name, value, 1);
   options = defaults;
   options_init();
@@ -64,11 +65,23 @@ static void test_arenas(void **state) {
   }
 }
 
+static void test_huge_pages(void **state) {
+  const struct { const char *text; bool on; } cases[] = {
+      {"0", false}, {"1", true}, {"yes", true}, {"00", true}, {"", true}, {NULL, true}};
+  for (unsigned i = 0; i < sizeof cases / sizeof *cases; i++) {
+    bool got = options_with("FASTMALLOC_HUGE_PAGES", cases[i].text).huge_pages;
+    if (got != cases[i].on)
+      fail_msg("FASTMALLOC_HUGE_PAGES=\"%s\": %d, expected %d",
+               cases[i].text ? cases[i].text : "(unset)", got, cases[i].on);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_purge_delay),
       cmocka_unit_test(test_tcache_max),
       cmocka_unit_test(test_arenas),
+      cmocka_unit_test(test_huge_pages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
