@@ -10,8 +10,8 @@
  *   FASTMALLOC_STATS           1: statistics to stderr at exit (stats.c)
  *   FASTMALLOC_VERBOSE         1: the settings in force to stderr at set-up
  *   FASTMALLOC_PURGE_THREAD    1: a thread that runs the purge ticks (init.c)
- *   FASTMALLOC_HUGE_PAGES      0: never ask for transparent huge pages (default 1: for
- *                              the heap's memory past FM_HUGE_PAGES_FROM)
+ *   FASTMALLOC_HUGE_PAGES      0: never ask for transparent huge pages (default 1: big
+ *                              blocks' mappings, past FM_HUGE_PAGES_FROM mapped)
  * A malformed value gets one warning line naming it and the default kept. */
 #ifndef FM_OPTIONS_H
 #define FM_OPTIONS_H

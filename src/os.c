@@ -51,13 +51,17 @@ void *os_map(size_t size) {
   return p;
 }
 
+/* Whether the kernel may back [addr, addr + size) with transparent huge pages; a kernel
+ * built without them refuses, and the mapping stays as it was. */
+static void advise_huge_pages(void *addr, size_t size, bool huge) {
+  int saved = errno;
+  madvise(addr, size, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  errno = saved;
+}
+
 void *os_map_sparse(size_t size) {
   void *p = os_map(size);
-  if (p) {
-    int saved = errno;
-    madvise(p, size, MADV_NOHUGEPAGE);   /* (refused only where huge pages are not built in) */
-    errno = saved;
-  }
+  if (p) advise_huge_pages(p, size, false);
   return p;
 }
 
@@ -93,11 +97,7 @@ void os_huge_pages_from(size_t mapped_bytes) { huge_pages_from = mapped_bytes; }
 void *os_map_dense(size_t size, size_t align) {
   bool huge = os_mapped_bytes() >= huge_pages_from;
   void *p = os_map_aligned(size, align);
-  if (p && huge) {
-    int saved = errno;
-    madvise(p, size, MADV_HUGEPAGE);   /* (refused where huge pages are not built in) */
-    errno = saved;
-  }
+  if (p && huge) advise_huge_pages(p, size, true);
   return p;
 }
 
