@@ -5,7 +5,9 @@
 
 #include "options.h"
 
-fm_arena arenas[FM_ARENAS_MAX];
+/* On a page of their own: the first arena, which every process uses, then touches one
+ * page, not the two it would straddle. */
+fm_arena arenas[FM_ARENAS_MAX] __attribute__((aligned(FM_PAGE_SIZE)));
 unsigned arena_count = 1;
 
 /* The empty spans an arena keeps a while, per class, in address order: pushed in the
