@@ -645,16 +645,25 @@ static void *free_given_then_allocate(void *arg) {
   return NULL;
 }
 
+/* Two of `made` in one cache line: their indices in *a and *b; false when none are. */
+static bool pair_in_a_line(void *const *made, int n, int *a, int *b) {
+  for (*a = 0; *a < n; ++*a)
+    for (*b = *a + 1; *b < n; ++*b)
+      if ((uintptr_t)made[*a] / LINE == (uintptr_t)made[*b] / LINE) return true;
+  return false;
+}
+
 static void test_handed_blocks_not_shared(void **state) {
-  void *made[8];
-  for (int i = 0; i < 8; i++) assert_non_null(made[i] = malloc(16));
-  int pair = -1;
-  for (int i = 0; i < 7 && pair < 0; i++)
-    if ((uintptr_t)made[i] / LINE == (uintptr_t)made[i + 1] / LINE) pair = i;
-  assert_true(pair >= 0);   /* 16-byte blocks: 8 in a row span at most 3 lines */
-  void *block[2] = {made[pair], made[pair + 1]};
-  for (int i = 0; i < 8; i++)
-    if (i != pair && i != pair + 1) free(made[i]);
+  /* The main thread's bin may hold blocks the earlier tests freed anywhere, in any order;
+   * past them, a refill brings at least 32 neighbours, 4 to a line. */
+  enum { MADE = 96 };
+  void *made[MADE];
+  for (int i = 0; i < MADE; i++) assert_non_null(made[i] = malloc(16));
+  int a, b;
+  assert_true(pair_in_a_line(made, MADE, &a, &b));
+  void *block[2] = {made[a], made[b]};
+  for (int i = 0; i < MADE; i++)
+    if (i != a && i != b) free(made[i]);
   assert_int_equal(pthread_barrier_init(&handed_freed, NULL, 2), 0);
   assert_int_equal(pthread_barrier_init(&handed_allocated, NULL, 3), 0);
   pthread_t t[2];
