@@ -107,6 +107,16 @@ static size_t round_mapping(size_t n) {
   return (n + FM_MAPPED_ALIGN - 1) & ~(FM_MAPPED_ALIGN - 1);
 }
 
+/* A fresh mapping of size bytes (a multiple of FM_MAPPED_ALIGN) for a block; dense: the
+ * program will write most of it, so once FM_HUGE_PAGES_FROM is mapped (before it) it asks
+ * for transparent huge pages (config.h), unless FASTMALLOC_HUGE_PAGES=0. */
+static char *map_fresh(size_t size, bool dense) {
+  bool huge = dense && options.huge_pages && os_mapped_bytes() >= FM_HUGE_PAGES_FROM;
+  char *p = os_map_aligned(size, FM_MAPPED_ALIGN);
+  if (p && huge) os_advise_huge_pages(p, size, true);
+  return p;
+}
+
 static mapped_header *header_of(const void *p) { return (mapped_header *)p - 1; }
 
 /* The header of live block p, or a fatal report: op, or freed_op for a block freed already
@@ -282,7 +292,7 @@ static char *mapping_resize(char *base, size_t old, size_t size) {
     return NULL;
   }
   /* Map the destination first, where a limit can refuse cleanly, then move the pages. */
-  char *dest = os_map_dense(size, FM_MAPPED_ALIGN);
+  char *dest = map_fresh(size, true);
   if (!dest) return mapping_move_tight(base, old, size);
   if (!unit_map_set(dest, size, FM_CLASS_MAPPED)) {
     os_unmap(dest, size);
@@ -366,7 +376,7 @@ static mapping compose(mapping_cache *c, size_t need, bool threaded) {
   unsigned n = compose_sources(c, need, src);
   lock_release(&c->lock, threaded);
   if (!n) return (mapping){NULL, 0};
-  char *dest = os_map_dense(need, FM_MAPPED_ALIGN);
+  char *dest = map_fresh(need, true);
   if (dest && !unit_map_set(dest, need, FM_CLASS_MAPPED)) {
     os_unmap(dest, need);
     dest = NULL;
@@ -527,7 +537,7 @@ void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growin
     got = mapping_cache_take((unsigned)(arena - arenas), need, growing);
   *zeroed = !got.base;
   if (!got.base && align <= FM_MAPPED_ALIGN)
-    got = (mapping){(for_calloc ? os_map_aligned : os_map_dense)(need, FM_MAPPED_ALIGN), need};
+    got = (mapping){map_fresh(need, !for_calloc), need};
   if (!got.base) {   /* (a bigger alignment, or short of address space: no rounding) */
     need = round_unit(offset + size);
     got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};

@@ -11,7 +11,7 @@
 /* A block of size bytes aligned to align (0: 64), for a thread of `arena` (whose cache of
  * freed mappings it tries first); growing: for realloc, which will grow it with mremap;
  * for_calloc: the program may write little of it, so a fresh mapping asks for no huge
- * pages (os_map_dense). *zeroed says it reads zero. NULL when out of memory. */
+ * pages (map_fresh). *zeroed says it reads zero. NULL when out of memory. */
 void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growing,
                    bool for_calloc, bool *zeroed);
 /* Frees mapped block p into the cache of the freeing thread's arena. */

@@ -89,7 +89,6 @@ void options_init(void) {
   read_switch("FASTMALLOC_VERBOSE", &options.verbose);
   read_switch("FASTMALLOC_PURGE_THREAD", &options.purge_thread);
   read_switch("FASTMALLOC_HUGE_PAGES", &options.huge_pages);
-  os_huge_pages_from(options.huge_pages ? FM_HUGE_PAGES_FROM : SIZE_MAX);
 }
 
 void options_print(unsigned arena_count) {

@@ -51,9 +51,7 @@ void *os_map(size_t size) {
   return p;
 }
 
-/* Whether the kernel may back [addr, addr + size) with transparent huge pages; a kernel
- * built without them refuses, and the mapping stays as it was. */
-static void advise_huge_pages(void *addr, size_t size, bool huge) {
+void os_advise_huge_pages(void *addr, size_t size, bool huge) {
   int saved = errno;
   madvise(addr, size, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   errno = saved;
@@ -61,7 +59,7 @@ static void advise_huge_pages(void *addr, size_t size, bool huge) {
 
 void *os_map_sparse(size_t size) {
   void *p = os_map(size);
-  if (p) advise_huge_pages(p, size, false);
+  if (p) os_advise_huge_pages(p, size, false);
   return p;
 }
 
@@ -87,17 +85,6 @@ static void *os_mmap_aligned(size_t size, size_t align, int prot, int flags) {
 void *os_map_aligned(size_t size, size_t align) {
   void *p = os_mmap_aligned(size, align, PROT_READ | PROT_WRITE, 0);
   if (p) mapped_add(size);
-  return p;
-}
-
-static size_t huge_pages_from = SIZE_MAX;
-
-void os_huge_pages_from(size_t mapped_bytes) { huge_pages_from = mapped_bytes; }
-
-void *os_map_dense(size_t size, size_t align) {
-  bool huge = os_mapped_bytes() >= huge_pages_from;
-  void *p = os_map_aligned(size, align);
-  if (p && huge) advise_huge_pages(p, size, true);
   return p;
 }
 

@@ -7,11 +7,9 @@
 
 void *os_map(size_t size);                        /* read-write, zeroed; NULL on failure */
 void *os_map_aligned(size_t size, size_t align);  /* as os_map, aligned to align (a power of two) */
-/* As os_map_aligned, for memory the program will mostly write (a big block's own
- * mapping): asks for transparent huge pages once os_mapped_bytes() has reached the bound
- * os_huge_pages_from set (never until it is called). */
-void *os_map_dense(size_t size, size_t align);
-void os_huge_pages_from(size_t mapped_bytes);
+/* Whether the kernel may back [addr, addr + size) with transparent huge pages; a kernel
+ * built without them refuses, and the mapping stays as it was. */
+void os_advise_huge_pages(void *addr, size_t size, bool huge);
 /* As os_map, for a table written a few bytes a page: never backed by huge pages, which
  * would make 2 MiB resident for each byte written. */
 void *os_map_sparse(size_t size);
