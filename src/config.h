@@ -148,7 +148,8 @@
  * as many as it mallocs): its limit doubles, up to 32 KiB of blocks, so that its
  * countdown, bounded by the room it has left, grows long. It holds no more blocks for it. */
 #define FM_CYCLING_BIN_BYTES ((size_t)32 << 10)
-/* All threads' bins together grow past their start by at most 8 x the per-thread budget. */
+/* All threads' bins together grow past their start by at most 8 x the per-thread budget;
+ * past 8 live threads, each grows to its share of that. */
 #define FM_GROWN_BUDGETS 8
 /* Finished threads' bins' arrays kept for the next threads. */
 #define FM_BINS_POOL_MAX 256

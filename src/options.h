@@ -3,7 +3,8 @@
  *                              the OS (default 100; 0: at the next slow path)
  *   FASTMALLOC_TCACHE_MAX      byte budget of one thread's cache (default 4M; K, M, G);
  *                              all threads' caches together grow past their small start by
- *                              at most FM_GROWN_BUDGETS times this
+ *                              at most FM_GROWN_BUDGETS times this, and past that
+ *                              many threads each to its share of it
  *   FASTMALLOC_ARENAS          number of arenas (default: the CPUs the process may run on;
  *                              at most FM_ARENAS_MAX): fewer to cap the footprint of many
  *                              threads

@@ -30,15 +30,16 @@ enum { BIN_REFILLED = 1, BIN_OVERFLOWED = 2, BIN_CYCLED = 4 };
 
 /* ---- limits and layout ---- */
 
-/* Bin bounds per class (config.h: FM_BIN_*), a thread's start layout, and what all
- * threads' bins have grown beyond their start limits, in bytes: held under
- * FM_GROWN_BUDGETS x the per-thread budget, so 400 busy threads do not hold 400 full
- * budgets (through lock_add). */
+/* Bin bounds per class (config.h: FM_BIN_*), a thread's start layout, what all threads'
+ * bins have grown beyond their start limits, in bytes: held under FM_GROWN_BUDGETS x the
+ * per-thread budget, so 400 busy threads do not hold 400 full budgets, and the threads
+ * with a cache (both through lock_add). */
 static int32_t limit_start[FM_BINS], limit_max[FM_BINS];
 static unsigned refill_max[FM_BINS];
 static size_t start_bytes;   /* a thread's limit_bytes at start: sum of limit_start * size */
 static size_t start_slots;   /* the slots the start layout takes, sentinels included */
 static size_t grown_bytes;
+static size_t live_caches;
 
 /* The start layout gives each bin room for twice its start limit, and at least
  * FM_BIN_START_ROOM_MIN blocks (at most its largest limit), so a new thread's bins fit in
@@ -183,12 +184,16 @@ static void set_limit(fm_tcache *tc, unsigned cls, int32_t limit) {
 }
 
 /* Doubles the bin's limit while under its maximum, the thread's byte budget and the
- * process-wide bound on grown caches. */
+ * process-wide bound on grown caches. Past FM_GROWN_BUDGETS live threads the budget is
+ * their fair share of that bound: threads that grow first would otherwise take it all,
+ * each a full budget, and the later ones run from their small start, missing. */
 static bool grow(fm_tcache *tc, unsigned cls) {
   int32_t limit = bin_limit(tc, cls);
   size_t added = (size_t)limit * size_class_size[cls];
   size_t budget = options.tcache_max_bytes;
   size_t all_budget = budget > SIZE_MAX / FM_GROWN_BUDGETS ? SIZE_MAX : FM_GROWN_BUDGETS * budget;
+  size_t live = __atomic_load_n(&live_caches, __ATOMIC_RELAXED);
+  if (live > FM_GROWN_BUDGETS && all_budget / live < budget) budget = all_budget / live;
   if (limit >= limit_max[cls] || tc->limit_bytes + added > budget ||
       __atomic_load_n(&grown_bytes, __ATOMIC_RELAXED) + added > all_budget)
     return false;
@@ -347,6 +352,7 @@ static void set_up(fm_tcache *tc) {
   }
   layout_start(tc);
   tc->limit_bytes = start_bytes;
+  lock_add(&live_caches, 1);
   tc->sweep_epoch = arena_epoch(tc);   /* (new bins have nothing to sweep) */
   /* Live before pthread_setspecific: it callocs for high key numbers. */
   tc->state = FM_TCACHE_LIVE;
@@ -541,6 +547,7 @@ static void thread_exit(void *cache) {
   fm_tcache *tc = cache;
   flush_all(tc);
   lock_add(&grown_bytes, start_bytes - tc->limit_bytes);
+  lock_add(&live_caches, (size_t)-1);
   slots_purge(tc, tc->bins->slots + start_slots);
   thread_leave(tc->bins, tc->arena);
   reset(tc, FM_TCACHE_DEAD);
@@ -562,6 +569,7 @@ void tcache_after_fork_child(void) {
   fm_tcache *tc = &tcache_tls;
   bool own = tc->state == FM_TCACHE_LIVE;
   __atomic_store_n(&grown_bytes, own ? tc->limit_bytes - start_bytes : 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&live_caches, own ? 1 : 0, __ATOMIC_RELAXED);
   thread_after_fork_child(own ? tc->bins : NULL, own ? tc->arena : NULL);
 }
 

@@ -147,53 +147,30 @@ static void test_fork_while_threads_allocate(void **state) {
 }
 
 /* ---- the process-wide bound on grown caches, after fork ----
- * Threads' caches may grow past their start limits by 8 times the per-thread budget in all.
- * A child keeps only the forking thread, so it must not inherit what the other threads' caches
- * had taken of that bound: a thread of the child must still be able to grow its cache. */
+ * Threads' caches may grow past their start limits by 8 times the per-thread budget in all,
+ * and past 8 live threads each to its share of that. A child keeps only the forking thread,
+ * so it must not inherit what the other threads' caches had taken of that bound, nor count
+ * them as live: a thread of the child must still be able to grow its cache to the whole
+ * per-thread budget (4 MiB). */
 
-enum { GROWERS = 10, GROW_BLOCKS = 2048 };
+enum { GROWERS = 10 };
 static pthread_barrier_t grown, forked;
 
-/* Mallocs and frees GROW_BLOCKS blocks of `size` (and as many of `other`, unless 0, in
- * step) a few times: the bins grow as far as the budgets allow, and stay grown, as both
- * keep missing (an idle sweep halves a bin that did not). Returns how many bytes the
- * thread's cache holds afterwards, as mallinfo2 counts them (cached blocks count as in
- * use). */
-static size_t grow_cache(size_t size, size_t other) {
-  static __thread void *blocks[2][GROW_BLOCKS];
-  size_t before = mallinfo2().uordblks;
-  for (int round = 0; round < 4; round++) {
-    for (int i = 0; i < GROW_BLOCKS; i++) {
-      if (!(blocks[0][i] = malloc(size))) return 0;
-      if (other && !(blocks[1][i] = malloc(other))) return 0;
-    }
-    for (int i = 0; i < GROW_BLOCKS; i++) {
-      free(blocks[0][i]);
-      if (other) free(blocks[1][i]);
-    }
-  }
-  size_t after = mallinfo2().uordblks;
-  return after > before ? after - before : 0;
-}
-
 static void *grower(void *arg) {
-  /* Two sizes, grown in step, fill one thread's 4 MiB budget, so that the ten growers
-   * take the whole 32 MiB bound. Grown one after the other, the first bin would sit idle
-   * and be swept while the second grew, leaving room for the probe below to grow. */
-  grow_cache(1024, 1536);
+  fmt_grow_cache();
   pthread_barrier_wait(&grown);
   pthread_barrier_wait(&forked);   /* alive, and so counted, while main forks */
   return NULL;
 }
 
 /* A thread started now: how much its cache can grow to hold. */
-static void *new_thread_grows(void *arg) { return (void *)(uintptr_t)grow_cache(1024, 0); }
+static void *new_thread_grows(void *arg) { return (void *)(uintptr_t)fmt_grow_cache(); }
 
 static void child_grows_cache(void *arg) {
   pthread_t t;
   void *held;
   if (pthread_create(&t, NULL, new_thread_grows, NULL) || pthread_join(t, &held)) _exit(2);
-  if ((uintptr_t)held < FMT_MIB) {
+  if ((uintptr_t)held < 3 * FMT_MIB) {
     fprintf(stderr, "a new thread of the child cached only %zu bytes\n", (size_t)(uintptr_t)held);
     _exit(3);
   }
@@ -201,11 +178,15 @@ static void child_grows_cache(void *arg) {
 
 static void test_fork_resets_cache_bound(void **state) {
   pthread_t t[GROWERS];
-  assert_int_equal(pthread_barrier_init(&grown, NULL, GROWERS + 1), 0);
+  assert_int_equal(pthread_barrier_init(&grown, NULL, 2), 0);
   assert_int_equal(pthread_barrier_init(&forked, NULL, GROWERS + 1), 0);
-  for (int i = 0; i < GROWERS; i++) assert_int_equal(pthread_create(&t[i], NULL, grower, NULL), 0);
-  pthread_barrier_wait(&grown);
-  /* Here the growers' caches hold the whole bound: a new thread's cache cannot grow. */
+  /* One after the other: the first ones grow to the whole budget, the later ones to their
+   * shrinking shares, until together they hold the whole bound. */
+  for (int i = 0; i < GROWERS; i++) {
+    assert_int_equal(pthread_create(&t[i], NULL, grower, NULL), 0);
+    pthread_barrier_wait(&grown);
+  }
+  /* Here a new thread's cache cannot grow. */
   pthread_t probe;
   void *held;
   assert_int_equal(pthread_create(&probe, NULL, new_thread_grows, NULL), 0);

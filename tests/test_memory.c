@@ -4,6 +4,7 @@
 #include "fm_test.h"
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -385,6 +386,52 @@ static void test_thread_cache_within_budget(void **state) {
     fail_msg("RSS %zu with a waiting thread's grown cache, %zu before: over its 4 MiB budget", rss1, rss0);
 }
 
+/* Past 8 live threads, each thread's cache grows to its share of the process-wide bound
+ * (8 x the 4 MiB budget), not to a whole budget: 16 threads with a cache that grow their caches at once
+ * hold about 1.9 MiB each, where the first ones to grow would otherwise take 3.5 MiB each
+ * and leave the rest of them next to nothing. Each thread's holdings are what mallinfo2's
+ * in-use bytes lose when it exits (its cache flushed), the threads ending one at a time. */
+enum { SHARERS = 16 };
+static pthread_barrier_t sharers_ready;
+static sem_t sharer_may_end[SHARERS];
+
+static void *grow_share_then_wait(void *arg) {
+  free(fmt_launder(malloc(16)));   /* its cache set up: a live cache */
+  pthread_barrier_wait(&sharers_ready);   /* all live before any grows */
+  fmt_grow_cache();
+  pthread_barrier_wait(&sharers_ready);
+  while (sem_wait(&sharer_may_end[(uintptr_t)arg]) && errno == EINTR) continue;
+  return NULL;
+}
+
+static void test_many_threads_share_the_grown_bound(void **state) {
+  pthread_t t[SHARERS];
+  size_t held[SHARERS], least = SIZE_MAX, most = 0;
+  assert_int_equal(pthread_barrier_init(&sharers_ready, NULL, SHARERS + 1), 0);
+  for (uintptr_t i = 0; i < SHARERS; i++) {
+    assert_int_equal(sem_init(&sharer_may_end[i], 0, 0), 0);
+    assert_int_equal(pthread_create(&t[i], NULL, grow_share_then_wait, (void *)i), 0);
+  }
+  pthread_barrier_wait(&sharers_ready);
+  pthread_barrier_wait(&sharers_ready);   /* all grown */
+  for (unsigned i = 0; i < SHARERS; i++) {
+    size_t before = mallinfo2().uordblks;
+    assert_int_equal(sem_post(&sharer_may_end[i]), 0);
+    assert_int_equal(pthread_join(t[i], NULL), 0);
+    size_t after = mallinfo2().uordblks;
+    held[i] = before > after ? before - after : 0;
+    if (held[i] < least) least = held[i];
+    if (held[i] > most) most = held[i];
+    sem_destroy(&sharer_may_end[i]);
+  }
+  pthread_barrier_destroy(&sharers_ready);
+  print_message("%d threads' grown caches: %zu to %zu KiB\n", SHARERS, least >> 10, most >> 10);
+  if (most > 2 * FMT_MIB + FMT_MIB / 4)
+    fail_msg("a thread cached %zu bytes, over its share (1.9 MiB) of the bound", most);
+  if (least < FMT_MIB / 2)
+    fail_msg("a thread cached only %zu bytes: the threads before it took its share", least);
+}
+
 /* A freed large mapping waits in the large-block cache for the next large request; a
  * program that then only allocates small blocks still gets it unmapped by the purge
  * ticks its frees run. The same bound on progress as above. */
@@ -660,6 +707,7 @@ int main(void) {
       cmocka_unit_test(test_blocks_passed_between_threads_rss_bounded),
       cmocka_unit_test(test_page_blocks_passed_between_threads_rss_bounded),
       cmocka_unit_test(test_thread_cache_within_budget),
+      cmocka_unit_test(test_many_threads_share_the_grown_bound),
       cmocka_unit_test(test_trim_purges_other_threads_memory),
       cmocka_unit_test(test_reuse_after_purge),
       cmocka_unit_test(test_calloc_of_purged_units_untouched),
