@@ -252,15 +252,28 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
   return pending;
 }
 
+/* The blocks' range of the span where a walk of a handed-over list last found a link: a
+ * list holds runs of one span's blocks, and a link into the range needs no lookup (those
+ * blocks are out, so the span stays the arena's until the walk's batch is freed). */
+typedef struct {
+  uintptr_t start, len;
+} known_span;
+
 /* Checks p, the link from handed-over block `from` (NULL: the list's head): it must lie in
- * a small-class span of the arena (what the flush then checks), else `from`'s link was
- * overwritten; and carry the freed mark, else it was freed twice and handed out again, or
- * written into. */
-static void handed_over_check(const fm_arena *arena, void *p, void *from) {
-  unsigned cls = unit_map_class_checked(p);
-  if (cls < 1 || cls > FM_NUM_SPAN_CLASSES || span_of(p)->arena != arena)
-    diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
-  if (FM_FREE_MARK && ((const uintptr_t *)p)[1] != FM_FREED_MARK)
+ * a small-class span of the arena (what the flush then checks; a link into the known span
+ * does), else `from`'s link was overwritten; and carry the freed mark, else it was freed
+ * twice and handed out again, or written into. */
+static fm_always_inline void handed_over_check(const fm_arena *arena, void *p, void *from,
+                                               known_span *known) {
+  if ((uintptr_t)p - known->start >= known->len) {
+    unsigned cls = unit_map_class_checked(p);
+    const fm_span *span = cls >= 1 && cls <= FM_NUM_SPAN_CLASSES ? span_of(p) : NULL;
+    if (fm_unlikely(!span || span->arena != arena))
+      diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
+    known->start = (uintptr_t)span->start;
+    known->len = span_blocks_len(span);
+  }
+  if (FM_FREE_MARK && fm_unlikely(((const uintptr_t *)p)[1] != FM_FREED_MARK))
     diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
 }
 
@@ -270,10 +283,11 @@ static void handed_over_check(const fm_arena *arena, void *p, void *from) {
 static size_t handed_over_batch(fm_arena *arena, void **list, void **batch) {
   void *p = *list;
   size_t n = 0;
+  known_span known = {0, 0};
   while (p && n < FM_FREE_ONLY_BATCH) {
     batch[n++] = p;
     void *next = *(void **)p;
-    if (next) handed_over_check(arena, next, p);
+    if (next) handed_over_check(arena, next, p, &known);
     p = next;
   }
   *list = p;
@@ -284,7 +298,7 @@ static size_t handed_over_batch(fm_arena *arena, void **list, void **batch) {
 static void *handed_over_take(fm_arena *arena) {
   if (!__atomic_load_n(&arena->handed_over_blocks, __ATOMIC_RELAXED)) return NULL;
   void *list = __atomic_exchange_n(&arena->handed_over_blocks, NULL, __ATOMIC_ACQUIRE);
-  if (list) handed_over_check(arena, list, NULL);
+  if (list) handed_over_check(arena, list, NULL, &(known_span){0, 0});
   return list;
 }
 
