@@ -8,12 +8,6 @@
 #include "init.h"
 #include "mapped.h"
 
-/* What a large block is for: LARGE_ZEROED, calloc (fresh mappings, and spans of units
- * never used or purged since, are zero already); LARGE_GROWING, a block realloc grows,
- * which is likely to grow again: a mapping of its own, which later growth extends or moves
- * with mremap instead of copying it (a copy into fresh pages costs their faults too). */
-typedef enum { LARGE_PLAIN, LARGE_ZEROED, LARGE_GROWING } large_use;
-
 /* A block past the size classes, or an alignment they cannot give (align: a power of two,
  * 0 for none): a page block up to 64 KiB (and as aligned), else a span block (64 KiB
  * aligned) up to 1 MiB, else a mapped block. */
@@ -38,7 +32,7 @@ static void *large_block(size_t size, size_t align, large_use use) {
   for (bool retried = false; !p; retried = true) {
     if (in_pages) p = arena_alloc_pages(arena, size, align, &zeroed);
     else if (span_first) p = arena_alloc_span_block(arena, span_size, &zeroed);
-    if (!p) p = mapped_alloc(size, align, arena, use == LARGE_GROWING, use == LARGE_ZEROED, &zeroed);
+    if (!p) p = mapped_alloc(size, align, arena, use, &zeroed);
     if (!p && span_last) p = arena_alloc_span_block(arena, span_size, &zeroed);
     if (!p && (retried || !init_release_for_retry())) {
       errno = ENOMEM;

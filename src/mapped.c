@@ -526,18 +526,17 @@ static void *place_block(char *base, size_t map_size, size_t offset) {
   return p;
 }
 
-void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growing,
-                   bool for_calloc, bool *zeroed) {
+void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, large_use use, bool *zeroed) {
   size_t offset = align > MAPPED_BLOCK_OFFSET ? align : MAPPED_BLOCK_OFFSET;
   if (size > PTRDIFF_MAX - offset - FM_MAPPED_ALIGN) return NULL;
   if (size == 0) size = 1;   /* the block must lie inside its mapping */
   size_t need = round_mapping(offset + size);
   mapping got = {NULL, 0};
   if (offset == MAPPED_BLOCK_OFFSET)
-    got = mapping_cache_take((unsigned)(arena - arenas), need, growing);
+    got = mapping_cache_take((unsigned)(arena - arenas), need, use == LARGE_GROWING);
   *zeroed = !got.base;
   if (!got.base && align <= FM_MAPPED_ALIGN)
-    got = (mapping){map_fresh(need, !for_calloc), need};
+    got = (mapping){map_fresh(need, use != LARGE_ZEROED), need};
   if (!got.base) {   /* (a bigger alignment, or short of address space: no rounding) */
     need = round_unit(offset + size);
     got = (mapping){os_map_aligned(need, align > FM_UNIT_SIZE ? align : FM_UNIT_SIZE), need};

@@ -8,12 +8,17 @@
 #include "arena.h"
 #include "diag.h"
 
+/* What a large block is for: LARGE_ZEROED, calloc (fresh mappings, and spans of units
+ * never used or purged since, are zero already); LARGE_GROWING, a block realloc grows,
+ * which is likely to grow again: a mapping of its own, which later growth extends or moves
+ * with mremap instead of copying it (a copy into fresh pages costs their faults too). */
+typedef enum { LARGE_PLAIN, LARGE_ZEROED, LARGE_GROWING } large_use;
+
 /* A block of size bytes aligned to align (0: 64), for a thread of `arena` (whose cache of
- * freed mappings it tries first); growing: for realloc, which will grow it with mremap;
- * for_calloc: the program may write little of it, so a fresh mapping asks for no huge
- * pages (map_fresh). *zeroed says it reads zero. NULL when out of memory. */
-void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, bool growing,
-                   bool for_calloc, bool *zeroed);
+ * freed mappings it tries first); a fresh mapping for calloc asks for no huge pages (the
+ * program may write little of it: map_fresh). *zeroed says it reads zero. NULL when out
+ * of memory. */
+void *mapped_alloc(size_t size, size_t align, const fm_arena *arena, large_use use, bool *zeroed);
 /* Frees mapped block p into the cache of the freeing thread's arena. */
 void mapped_free(void *p, const fm_arena *arena);
 /* Bytes usable in mapped block p; the fatal report `op` when p is no live mapped block. */
