@@ -210,46 +210,42 @@ static void page_block_give_back(void *p) {
   arena_free_pages(p);
 }
 
-/* Takes the page block out of cache slot `slot` of blocks of `pages` pages. */
-static void *page_slot_take(fm_tcache *tc, void **slot, unsigned pages) {
-  void *p = *slot;
-  __atomic_store_n(slot, NULL, __ATOMIC_RELEASE);   /* (before it goes anywhere) */
-  tc->bins->page_blocks_pages -= pages;
+/* Takes the page block last cached of those of `pages` pages; there is one. */
+static void *page_block_take(fm_tcache *tc, unsigned pages) {
+  fm_bins_array *bins = tc->bins;
+  unsigned n = --bins->page_blocks_count[pages];
+  void *p = bins->page_blocks[pages][n];
+  /* (before it goes anywhere: other threads search the slots) */
+  __atomic_store_n(&bins->page_blocks[pages][n], NULL, __ATOMIC_RELEASE);
+  bins->page_blocks_pages -= pages;
   return p;
+}
+
+/* Caches page block p of `pages` pages, for which there is room. */
+static void page_block_put(fm_tcache *tc, void *p, unsigned pages) {
+  fm_bins_array *bins = tc->bins;
+  unsigned n = bins->page_blocks_count[pages]++;
+  bins->page_blocks_pages += pages;
+  __atomic_store_n(&bins->page_blocks[pages][n], p, __ATOMIC_RELEASE);
 }
 
 /* Gives the cached page blocks back to their arenas. */
 static void flush_page_blocks(fm_tcache *tc) {
   for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
-    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
-      if (tc->bins->page_blocks[pages][k])
-        page_block_give_back(page_slot_take(tc, &tc->bins->page_blocks[pages][k], pages));
+    while (tc->bins->page_blocks_count[pages]) page_block_give_back(page_block_take(tc, pages));
 }
 
-/* The slot of this thread's page-block cache for blocks of `pages` pages that holds p, or
- * NULL; *free_slot: the first free one, or NULL. */
-static void **page_slot_find(fm_tcache *tc, const void *p, unsigned pages, void ***free_slot) {
-  void **slots = tc->bins->page_blocks[pages];
-  *free_slot = NULL;
-  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++) {
-    if (slots[k] == p) return &slots[k];
-    if (!slots[k] && !*free_slot) *free_slot = &slots[k];
-  }
-  return NULL;
-}
-
-/* A slot of the cache for blocks of `pages` pages that holds one, or NULL. */
-static void **page_slot_filled(fm_tcache *tc, unsigned pages) {
-  for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
-    if (tc->bins->page_blocks[pages][k]) return &tc->bins->page_blocks[pages][k];
-  return NULL;
+/* Whether this thread's page-block cache holds p, of `pages` pages. */
+static bool page_block_cached(const fm_tcache *tc, const void *p, unsigned pages) {
+  for (unsigned k = 0; k < tc->bins->page_blocks_count[pages]; k++)
+    if (tc->bins->page_blocks[pages][k] == p) return true;
+  return false;
 }
 
 static size_t page_blocks_cached(fm_tcache *tc) {
   size_t count = 0;
   for (unsigned pages = 1; pages <= FM_PAGES_PER_UNIT; pages++)
-    for (unsigned k = 0; k < FM_PAGE_BLOCKS_A_LENGTH; k++)
-      count += tc->bins->page_blocks[pages][k] != NULL;
+    count += tc->bins->page_blocks_count[pages];
   return count;
 }
 
@@ -259,8 +255,7 @@ bool tcache_marked_page_block_is_free(void *p) {
   unsigned pages = page_block_pages(p);
   fm_tcache *tc = &tcache_tls;
   if (!pages) return false;
-  void **free_slot;
-  if (tc->state == FM_TCACHE_LIVE && page_slot_find(tc, p, pages, &free_slot)) return true;
+  if (tc->state == FM_TCACHE_LIVE && page_block_cached(tc, p, pages)) return true;
   return thread_other_caches_hold_page_block(tc->state == FM_TCACHE_LIVE ? tc->bins : NULL, p,
                                              pages);
 }
@@ -629,10 +624,10 @@ void *tcache_malloc_pages(size_t size) {
   unsigned pages = (unsigned)((size + FM_PAGE_SIZE - 1) / FM_PAGE_SIZE);
   /* A block one page longer serves too: with blocks of random lengths, more mallocs find
    * one. */
-  void **slot = page_slot_filled(tc, pages);
-  if (!slot && pages < FM_PAGES_PER_UNIT && (slot = page_slot_filled(tc, pages + 1))) pages++;
-  if (slot) {
-    void *p = page_slot_take(tc, slot, pages);
+  const uint8_t *count = tc->bins->page_blocks_count;
+  if (!count[pages] && pages < FM_PAGES_PER_UNIT && count[pages + 1]) pages++;
+  if (count[pages]) {
+    void *p = page_block_take(tc, pages);
     mark_set(p, NULL);
     tc->activity[FM_CLASS_PAGES] |= BIN_REFILLED;
     return p;
@@ -660,8 +655,8 @@ fm_block_state tcache_block_state(void *p, unsigned cls) {
   return unit_map_class_checked(mark) == FM_CLASS_BINS ? BLOCK_UNSURE : BLOCK_LIVE;
 }
 
-/* free of a page block of the thread's arena: into its length's place in the cache when
- * that is empty, else back to the arena (giving back the cached block instead, to keep the
+/* free of a page block of the thread's arena: onto its length's stack in the cache while
+ * that has room, else back to the arena (giving back the cached block instead, to keep the
  * newer one, would store into a block long out of the CPU's cache). A block of another
  * arena goes to that arena's list of handed-over blocks. A pointer that starts no live
  * block gets the arena's verdict. */
@@ -678,15 +673,14 @@ static fm_noinline void free_pages_slow(void *p) {
     if (tcache_page_block_is_free(p)) diag_fatal(DIAG_DOUBLE_FREE, p);
     return arena_hand_over_page_block(owner, p);
   }
-  void **free_slot;
-  if (page_slot_find(tc, p, pages, &free_slot) || tcache_page_block_is_free(p))
+  if (page_block_cached(tc, p, pages) || tcache_page_block_is_free(p))
     diag_fatal(DIAG_DOUBLE_FREE, p);
   tc->activity[FM_CLASS_PAGES] |= BIN_OVERFLOWED;
-  if (!free_slot || tc->bins->page_blocks_pages + pages > FM_PAGE_CACHE_PAGES)
+  if (tc->bins->page_blocks_count[pages] == FM_PAGE_BLOCKS_A_LENGTH ||
+      tc->bins->page_blocks_pages + pages > FM_PAGE_CACHE_PAGES)
     return arena_free_pages(p);
   mark_set(p, (const void *)FM_FREED_MARK);
-  tc->bins->page_blocks_pages += pages;
-  __atomic_store_n(free_slot, p, __ATOMIC_RELEASE);
+  page_block_put(tc, p, pages);
 }
 
 /* free of p, not NULL, whose unit-map class is cls (not a page block's). */

@@ -12,10 +12,12 @@
 typedef struct fm_bins_array {
   struct fm_bins_array *next, *prev;   /* on the registry's in-use or pooled list */
   /* The thread's last freed page blocks of its arena, of each length in pages (12-64 KiB),
-   * for its next mallocs of that length: FM_PAGE_BLOCKS_A_LENGTH a length (NULL: a free
-   * slot), FM_PAGE_CACHE_PAGES pages in all (page_blocks_pages). A cached block's second
-   * word holds FM_FREED_MARK; other threads search these slots for a page block freed twice. */
+   * for its next mallocs of that length: FM_PAGE_BLOCKS_A_LENGTH a length, a stack of
+   * page_blocks_count[length] blocks (the slots above it NULL), FM_PAGE_CACHE_PAGES pages
+   * in all (page_blocks_pages). A cached block's second word holds FM_FREED_MARK; other
+   * threads search these slots for a page block freed twice. */
   void *page_blocks[FM_PAGES_PER_UNIT + 1][FM_PAGE_BLOCKS_A_LENGTH];
+  uint8_t page_blocks_count[FM_PAGES_PER_UNIT + 1];
   uint32_t page_blocks_pages;
   void *slots[];   /* the bins */
 } fm_bins_array;
