@@ -30,7 +30,9 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
 }
 
 static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t n);
-static size_t handed_over_blocks_before_refill(fm_arena *arena, void **batch, bool threaded);
+static unsigned handed_over_before_refill(fm_arena *arena, unsigned cls, void **out,
+                                          unsigned room, void **batch, size_t *batch_count,
+                                          bool threaded);
 
 /* Tags the blocks of blocks[0 .. n) (taken from one span, highest first) that lie at or
  * above `issued`, the end of those handed out before in the span's life (see arena.h).
@@ -40,25 +42,31 @@ static void tag_fresh(void **blocks, uint32_t n, char *issued) {
     blocks[i] = (char *)blocks[i] + FM_BLOCK_FRESH;
 }
 
-unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **out, bool *zeroed,
-                           bool *took_span) {
+unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
+                           bool *zeroed, bool *took_span) {
   bool threaded = lock_threaded();
   void *batch[FM_FREE_ONLY_BATCH];
-  size_t handed_over = handed_over_blocks_before_refill(arena, batch, threaded);
+  size_t handed_over;
+  unsigned handed = handed_over_before_refill(arena, cls, out, room, batch, &handed_over, threaded);
   lock_take(&arena->lock, threaded);
   if (handed_over) handed_over_batch_free_locked(arena, batch, handed_over);
   arena->counters.refills++;
+  arena->counters.blocks_refilled += handed;
+  arena->counters.blocks_flushed += handed;
+  arena->counters.blocks_from_other_arenas += handed;
   uint64_t spans_taken = arena->counters.spans_taken;
   size_t size = size_class_stride[cls];   /* distance between blocks */
   unsigned got = 0;
   if (zeroed) *zeroed = false;
+  out += handed;   /* the rest from the spans, above those */
+  want = handed < want ? want - handed : 0;
   while (got < want) {
     fm_span *span = arena->partial[cls];
     if (!span && !(span = arena_new_span(arena, cls))) break;
     /* Free blocks in address order, from the lowest bitmap word that has one. */
     uint64_t *bits = span_free_bits(span);
     uint32_t words = (span->capacity + 63) / 64, w = span->scan;
-    if (zeroed && !got) {
+    if (zeroed && !got && !handed) {
       while (!bits[w]) w++;   /* (a listed span has a free block; the scan starts there) */
       if (w * 64 + (uint32_t)__builtin_ctzll(bits[w]) >= span->zeroed_from) {
         *zeroed = true;
@@ -98,7 +106,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, void **
   if (took_span) *took_span = arena->counters.spans_taken != spans_taken;
   lock_release(&arena->lock, threaded);
   if (got < want) memmove(out, out + (want - got), got * sizeof(void *));
-  return got;
+  return handed + got;
 }
 
 /* Whether a block starts at offset in a span of `size`-byte blocks (magic: the span's
@@ -222,7 +230,8 @@ static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n) {
  * into that one); its span's fields it reads do not change while it is out. */
 static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
   size_t pending = 0;
-  void *list = NULL, *last = NULL;
+  void *list = NULL, *last = NULL;   /* a run of blocks of class list_cls */
+  unsigned list_cls = 0;
   char *start = NULL;
   size_t len = 0, size = 0;
   uint32_t magic = 0;
@@ -234,6 +243,11 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
       if (span->arena != arena) {
         blocks[pending++] = p;
         continue;
+      }
+      if (span->cls != list_cls) {
+        if (list) handed_over_push(&arena->handed_over_blocks[list_cls], list, last);
+        list = last = NULL;
+        list_cls = span->cls;
       }
       start = span->start;
       len = span_blocks_len(span);
@@ -248,58 +262,66 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
     list = p;
     if (!last) last = p;
   }
-  if (list) handed_over_push(&arena->handed_over_blocks, list, last);
+  if (list) handed_over_push(&arena->handed_over_blocks[list_cls], list, last);
   return pending;
 }
 
-/* The blocks' range of the span where a walk of a handed-over list last found a link: a
- * list holds runs of one span's blocks, and a link into the range needs no lookup (those
- * blocks are out, so the span stays the arena's until the walk's batch is freed). */
+/* The span where a walk of a handed-over list last found a link: a list holds runs of one
+ * span's blocks, and a link into its blocks' range needs no lookup (those blocks are out,
+ * so the span stays the arena's, of the class, until the walk's batch is freed). */
 typedef struct {
   uintptr_t start, len;
+  size_t size;
+  uint32_t magic;
+  bool abandoned;   /* in a chunk the arena abandoned: the block is dropped */
 } known_span;
 
-/* Checks p, the link from handed-over block `from` (NULL: the list's head): it must lie in
- * a small-class span of the arena (what the flush then checks; a link into the known span
- * does), else `from`'s link was overwritten; and carry the freed mark, else it was freed
- * twice and handed out again, or written into. */
+/* Checks p, the link from handed-over block `from` (NULL: the list's head) on the arena's
+ * list of class cls: it must start a block of a span of the class in the arena, else
+ * `from`'s link was overwritten; and carry the freed mark, else it was freed twice and
+ * handed out again, or written into. */
 static fm_always_inline void handed_over_check(const fm_arena *arena, void *p, void *from,
-                                               known_span *known) {
+                                               unsigned cls, known_span *known) {
   if ((uintptr_t)p - known->start >= known->len) {
-    unsigned cls = unit_map_class_checked(p);
-    const fm_span *span = cls >= 1 && cls <= FM_NUM_SPAN_CLASSES ? span_of(p) : NULL;
+    const fm_span *span = unit_map_class_checked(p) == cls ? span_of(p) : NULL;
     if (fm_unlikely(!span || span->arena != arena))
       diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
-    known->start = (uintptr_t)span->start;
-    known->len = span_blocks_len(span);
+    *known = (known_span){(uintptr_t)span->start, span_blocks_len(span), span->block_size,
+                          span->index_magic, in_abandoned_chunk(arena, p)};
   }
+  uint32_t index;
+  if (fm_unlikely(!block_at((uintptr_t)p - known->start, known->magic, known->size, &index)))
+    diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
   if (FM_FREE_MARK && fm_unlikely(((const uintptr_t *)p)[1] != FM_FREED_MARK))
     diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
 }
 
-/* Moves up to FM_FREE_ONLY_BATCH blocks of a taken list into batch[], checking each link
- * before it follows it; returns how many, and leaves *list where the list goes on. Out of
- * the lock: the walk reads each block, last written by the thread that freed it. */
-static size_t handed_over_batch(fm_arena *arena, void **list, void **batch) {
+/* Takes the arena's list of handed-over blocks of class cls, its head checked (and its
+ * span in *known); NULL when empty. */
+static void *handed_over_take(fm_arena *arena, unsigned cls, known_span *known) {
+  void **head = &arena->handed_over_blocks[cls];
+  if (!__atomic_load_n(head, __ATOMIC_RELAXED)) return NULL;
+  void *list = __atomic_exchange_n(head, NULL, __ATOMIC_ACQUIRE);
+  if (list) handed_over_check(arena, list, NULL, cls, known);
+  return list;
+}
+
+/* Moves up to FM_FREE_ONLY_BATCH blocks of a taken list of class cls into batch[],
+ * checking each link before it follows it; returns how many, and leaves *list where the
+ * list goes on. Out of the lock: the walk reads each block, last written by the thread
+ * that freed it. */
+static size_t handed_over_batch(fm_arena *arena, unsigned cls, void **list, void **batch) {
   void *p = *list;
   size_t n = 0;
-  known_span known = {0, 0};
+  known_span known = {0};
   while (p && n < FM_FREE_ONLY_BATCH) {
     batch[n++] = p;
     void *next = *(void **)p;
-    if (next) handed_over_check(arena, next, p, &known);
+    if (next) handed_over_check(arena, next, p, cls, &known);
     p = next;
   }
   *list = p;
   return n;
-}
-
-/* Takes the list of blocks handed over to the arena, checked at its head; NULL when empty. */
-static void *handed_over_take(fm_arena *arena) {
-  if (!__atomic_load_n(&arena->handed_over_blocks, __ATOMIC_RELAXED)) return NULL;
-  void *list = __atomic_exchange_n(&arena->handed_over_blocks, NULL, __ATOMIC_ACQUIRE);
-  if (list) handed_over_check(arena, list, NULL, &(known_span){0, 0});
-  return list;
 }
 
 /* Frees a batch of handed-over blocks, under the arena's lock, through the flush's loop. */
@@ -311,29 +333,47 @@ static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t 
 /* Frees the blocks that threads of other arenas handed over, under the arena's lock, a
  * batch at a time. */
 static fm_noinline void handed_over_blocks_free_locked(fm_arena *arena) {
-  void *list = handed_over_take(arena), *batch[FM_FREE_ONLY_BATCH];
-  while (list) handed_over_batch_free_locked(arena, batch, handed_over_batch(arena, &list, batch));
+  void *batch[FM_FREE_ONLY_BATCH];
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+    void *list = handed_over_take(arena, cls, &(known_span){0});
+    while (list)
+      handed_over_batch_free_locked(arena, batch, handed_over_batch(arena, cls, &list, batch));
+  }
 }
 
 void arena_free_handed_over_blocks(fm_arena *arena) {
-  if (__atomic_load_n(&arena->handed_over_blocks, __ATOMIC_RELAXED))
-    handed_over_blocks_free_locked(arena);
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
+    if (__atomic_load_n(&arena->handed_over_blocks[cls], __ATOMIC_RELAXED))
+      return handed_over_blocks_free_locked(arena);
 }
 
-/* The same before a refill, the walk out of the lock: all batches but the last under a
- * lock each, the last under the refill's (*batch, returns its count). */
-static size_t handed_over_blocks_before_refill(fm_arena *arena, void **batch, bool threaded) {
-  void *list = handed_over_take(arena);
-  size_t n = 0;
+/* Before a refill of class cls, out of the lock: the blocks of the class that threads of
+ * other arenas handed over go straight into out[0 ..), up to `room` (returns how many),
+ * with no pass through their spans' bitmaps (a consumer's blocks go back to its producer's
+ * bin); the rest of the list is freed, all batches but the last under a lock each, the
+ * last under the refill's (*batch, *batch_count). */
+static unsigned handed_over_before_refill(fm_arena *arena, unsigned cls, void **out,
+                                          unsigned room, void **batch, size_t *batch_count,
+                                          bool threaded) {
+  known_span known = {0};
+  void *list = handed_over_take(arena, cls, &known);
+  unsigned taken = 0;
+  while (list && taken < room) {
+    void *p = list;
+    list = *(void **)p;
+    if (!known.abandoned) out[taken++] = p;
+    if (list) handed_over_check(arena, list, p, cls, &known);
+  }
+  *batch_count = 0;
   while (list) {
-    n = handed_over_batch(arena, &list, batch);
+    *batch_count = handed_over_batch(arena, cls, &list, batch);
     if (!list) break;
     lock_take(&arena->lock, threaded);
-    handed_over_batch_free_locked(arena, batch, n);
+    handed_over_batch_free_locked(arena, batch, *batch_count);
     lock_release(&arena->lock, threaded);
-    n = 0;
+    *batch_count = 0;
   }
-  return n;
+  return taken;
 }
 
 /* One pass per owning arena, under its lock; but in a threaded process, the blocks of

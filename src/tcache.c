@@ -444,7 +444,8 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   if (want > refill_max[cls]) want = refill_max[cls];
   void **low = tc->low[cls];
   bool took_span;
-  unsigned got = arena_alloc_batch(tc->arena, cls, want, low, zeroed, &took_span);
+  unsigned got = arena_alloc_batch(tc->arena, cls, want, (unsigned)bin_limit(tc, cls), low, zeroed,
+                                  &took_span);
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
   if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
@@ -573,7 +574,7 @@ void tcache_after_fork_child(void) {
 /* One block straight from the arena, for threads whose cache is gone. */
 static void *arena_malloc_one(unsigned cls) {
   void *block;
-  if (!arena_alloc_batch(&arenas[0], cls, 1, &block, NULL, NULL)) return NULL;
+  if (!arena_alloc_batch(&arenas[0], cls, 1, 1, &block, NULL, NULL)) return NULL;
   return bin_refilled(block);
 }
 
