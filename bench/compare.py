@@ -368,8 +368,8 @@ def ratio_table(res, jobs, peers):
         by_group.setdefault(job.kind, []).append((best_ratio, ratios, failed))
         if failed or (best_ratio and best_ratio > worst[0]):
             worst = (math.inf if failed else best_ratio, label)
-        out.append([label, f"{best_ratio:.2f} ({best_peer})" if best_ratio else "—"] +
-                   [f"{ratios[p]:.2f}" if ratios[p] else "—" for p in peers])
+        out.append([label, f"{best_ratio:.2f} ({best_peer})" if best_ratio is not None else "—"] +
+                   [f"{ratios[p]:.2f}" if ratios[p] is not None else "—" for p in peers])
     all_rows = []
     for kind, title in GROUPS:
         rows = by_group.get(kind)
@@ -394,10 +394,10 @@ def failed_note(n):
 
 def geomean_row(label, rows, peers):
     def cell(g):
-        return f"{g:.2f}" if g else "—"
+        return f"{g:.2f}" if g is not None else "—"
     g = geomean([b for b, _, _ in rows])
     note = failed_note(sum(failed for _, _, failed in rows))
-    return [label, (f"**{g:.2f}**" if g else "—") + note] + [cell(geomean([r[p] for _, r, _ in rows]))
+    return [label, (f"**{g:.2f}**" if g is not None else "—") + note] + [cell(geomean([r[p] for _, r, _ in rows]))
                                                             for p in peers]
 
 
@@ -417,10 +417,10 @@ def memory_table(res, jobs, names, peers):
         if res.failed(job.key, "peak_rss", peers):
             r = math.inf   # failed: no mean hides it
         ratios.append((r, job.key))
-        out.append([job.key] + cells + [fmt_ratio(r) if r else "—"])
+        out.append([job.key] + cells + [fmt_ratio(r) if r is not None else "—"])
     g = geomean([r for r, _ in ratios if r != math.inf])
     note = failed_note(sum(r == math.inf for r, _ in ratios))
-    out.append(["**geomean**"] + [""] * len(names) + [(f"**{g:.2f}**" if g else "—") + note])
+    out.append(["**geomean**"] + [""] * len(names) + [(f"**{g:.2f}**" if g is not None else "—") + note])
     r, key = max(((r, k) for r, k in ratios if r), default=(None, None))
     if r:
         out.append([f"**worst: {key}**"] + [""] * len(names) + [f"**{fmt_ratio(r)}**"])
@@ -468,7 +468,7 @@ def target_rows(res, jobs, peers, alloc, fast_path):
         if pairs:
             g = geomean([r for _, r in pairs])
             failed = sum(r is None for _, r in pairs)
-            rows.append((target, (f"{g:.2f}" if g else "—") + failed_note(failed),
+            rows.append((target, (f"{g:.2f}" if g is not None else "—") + failed_note(failed),
                          bool(g) and g <= bound and not failed))
 
     def none_over(target, pairs, bound, name_them):
@@ -537,7 +537,7 @@ def targets_table(res, jobs, peers, builds, fast_path):
 
 
 def fmt_quotient(r):
-    return f"{r:.2f}" if r else "—"
+    return f"{r:.2f}" if r is not None else "—"
 
 
 def st_flag_table(res, jobs):
@@ -582,10 +582,10 @@ def mark_table(res, jobs, peers):
         groups.setdefault(job.kind, []).append(t)
         for a in mem:
             mem[a].append(r[a])
-        out.append([job.key] + [f"{t[a]:.2f}" if t[a] else "—" for a in (MAIN, NO_MARK)] +
+        out.append([job.key] + [f"{t[a]:.2f}" if t[a] is not None else "—" for a in (MAIN, NO_MARK)] +
                    [fmt_quotient(t["cost"])] +
                    [fmt_value(res.median(job.key, "peak_rss", a), "KiB") for a in (MAIN, NO_MARK)] +
-                   [f"{r[a]:.2f}" if r[a] else "—" for a in (MAIN, NO_MARK)])
+                   [f"{r[a]:.2f}" if r[a] is not None else "—" for a in (MAIN, NO_MARK)])
     for kind, title in GROUPS:
         rows = groups.get(kind)
         if rows:
@@ -594,12 +594,12 @@ def mark_table(res, jobs, peers):
             both = [row for row in rows if row[MAIN] and row[NO_MARK] and row["cost"]]
             g = {a: geomean([row[a] for row in both]) for a in (MAIN, NO_MARK, "cost")}
             note = failed_note(len(rows) - len(both))
-            out.append([f"**geomean {title}**", (f"**{g[MAIN]:.2f}**" if g[MAIN] else "—") + note,
-                        f"**{g[NO_MARK]:.2f}**" if g[NO_MARK] else "—",
-                        f"**{g['cost']:.2f}**" if g["cost"] else "—", "", "", "", ""])
+            out.append([f"**geomean {title}**", (f"**{g[MAIN]:.2f}**" if g[MAIN] is not None else "—") + note,
+                        f"**{g[NO_MARK]:.2f}**" if g[NO_MARK] is not None else "—",
+                        f"**{g['cost']:.2f}**" if g["cost"] is not None else "—", "", "", "", ""])
     g = {a: geomean(mem[a]) for a in mem}
     out.append(["**geomean peak RSS**", "", "", "", "", ""] +
-               [f"**{g[a]:.2f}**" if g[a] else "—" for a in (MAIN, NO_MARK)])
+               [f"**{g[a]:.2f}**" if g[a] is not None else "—" for a in (MAIN, NO_MARK)])
     return md_table(["benchmark", "time ÷ best peer", "no mark: ÷ best peer", "mark's cost (time ÷ no-mark time)",
                      "peak RSS, MiB", "no mark: peak RSS", "peak ÷ smallest peer",
                      "no mark: ÷ smallest peer"], out)
