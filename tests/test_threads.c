@@ -624,6 +624,59 @@ static void test_calloc_after_remote_free(void **state) {
   assert_no_failures();
 }
 
+/* ---- blocks a thread of another arena freed come back once each ---- */
+
+/* The main thread makes HB_BLOCKS blocks of each of three classes, more than a bin holds;
+ * a new thread (of another arena where there are several) frees them all and ends, so they
+ * are handed over to the main thread's arena, a list per class, whose refills take them
+ * back into its bins, and free the rest into their spans. No block comes back twice: the
+ * blocks of each round are distinct, and each keeps what was written into it; and none is
+ * lost: the rounds after the second map little more. */
+enum { HB_BLOCKS = 3000, HB_CLASSES = 3, HB_ROUNDS = 8 };
+static const size_t hb_size[HB_CLASSES] = {16, 96, 640};
+
+static void *free_all_handed(void *arg) {
+  void **blocks = arg;
+  for (int i = 0; i < HB_BLOCKS * HB_CLASSES; i++) free(blocks[i]);
+  return NULL;
+}
+
+static int compare_pointers(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+  return (x > y) - (x < y);
+}
+
+static void test_handed_over_blocks_come_back_once(void **state) {
+  enum { N = HB_BLOCKS * HB_CLASSES };
+  void **blocks = malloc(N * sizeof *blocks), **sorted = malloc(N * sizeof *sorted);
+  assert_non_null(blocks);
+  assert_non_null(sorted);
+  size_t mapped_after_two = 0;
+  for (int round = 0; round < HB_ROUNDS; round++) {
+    if (round == 2) mapped_after_two = fm_mapped_bytes();
+    for (int i = 0; i < N; i++) {
+      assert_non_null(blocks[i] = malloc(hb_size[i % HB_CLASSES]));
+      fmt_fill(blocks[i], hb_size[i % HB_CLASSES], (uint64_t)i);
+    }
+    for (int i = 0; i < N; i++)
+      if (!fmt_check(blocks[i], hb_size[i % HB_CLASSES], (uint64_t)i))
+        fail_msg("round %d: block %p of %zu bytes was written by another malloc", round,
+                 blocks[i], hb_size[i % HB_CLASSES]);
+    memcpy(sorted, blocks, N * sizeof *sorted);
+    qsort(sorted, N, sizeof *sorted, compare_pointers);
+    for (int i = 1; i < N; i++)
+      if (sorted[i] == sorted[i - 1]) fail_msg("round %d: %p handed out twice", round, sorted[i]);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_all_handed, blocks), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+  }
+  if (fm_mapped_bytes() > mapped_after_two + 4 * FMT_MIB)
+    fail_msg("mapped %zu bytes after round 2, %zu after round %d", mapped_after_two,
+             fm_mapped_bytes(), HB_ROUNDS);
+  free(sorted);
+  free(blocks);
+}
+
 /* ---- blocks handed to new threads: no false sharing ---- */
 
 /* Two new threads each free a block the main thread made, a neighbour of the other's in
@@ -848,6 +901,7 @@ int main(void) {
       cmocka_unit_test(test_exit_holding_cache),
       cmocka_unit_test(test_key_destructor_after_cache),
       cmocka_unit_test(test_calloc_after_remote_free),
+      cmocka_unit_test(test_handed_over_blocks_come_back_once),
       cmocka_unit_test(test_handed_blocks_not_shared),
       cmocka_unit_test(test_refill_starts_in_a_line_of_its_own),
       cmocka_unit_test(test_large_blocks_across_threads),
