@@ -223,9 +223,10 @@ static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n) {
 }
 
 /* Hands the blocks of `arena` among blocks[0 .. n) over to it without its lock: linked
- * through their first word into a list, pushed onto the arena's with one compare-and-swap;
- * the arena frees them at its next refill or purge tick. The blocks of other arenas move to
- * the front, and their count is returned. Each block is checked to start a block of its
+ * through their first word into lists, each run of one class pushed onto the arena's list
+ * of the class with one compare-and-swap; the arena's next refill of the class takes them,
+ * a purge tick frees them. The blocks of other arenas move to the front, and their count
+ * is returned. Each block is checked to start a block of its
  * span before the link is written into it (a pointer inside another block would write
  * into that one); its span's fields it reads do not change while it is out. */
 static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
