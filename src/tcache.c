@@ -283,6 +283,7 @@ static void sweep_bins(fm_tcache *tc, uint32_t epoch) {
     }
     tc->activity[cls] = 0;
   }
+  tc->free_only = 0;
   if (!tc->activity[FM_CLASS_PAGES]) flush_page_blocks(tc);
   tc->activity[FM_CLASS_PAGES] = 0;
 }
@@ -448,6 +449,7 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
                                   &took_span);
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
+  tc->free_only &= ~((uint64_t)1 << cls);
   if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
   if (zeroed && *zeroed) return true;   /* (a block never handed out, untagged: no mark) */
   top_in_own_line(low, got, cls);
@@ -458,10 +460,6 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   }
   bin_set_top(tc, cls, low + got);
   return true;
-}
-
-static bool bin_is_free_only(const fm_tcache *tc, unsigned cls) {
-  return (tc->activity[cls] & (BIN_REFILLED | BIN_OVERFLOWED)) == BIN_OVERFLOWED;
 }
 
 /* Empties bin cls into batch[n ..] if all its blocks fit; returns the new count. */
@@ -479,8 +477,8 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
 static void flush_free_only(fm_tcache *tc, unsigned cls) {
   void *batch[FM_FREE_ONLY_BATCH];
   size_t n = bin_move_all(tc, cls, batch, 0);
-  for (unsigned c = 1; c <= FM_NUM_SPAN_CLASSES; c++)
-    if (c != cls && bin_is_free_only(tc, c)) n = bin_move_all(tc, c, batch, n);
+  for (uint64_t others = tc->free_only & ~((uint64_t)1 << cls); others; others &= others - 1)
+    n = bin_move_all(tc, (unsigned)__builtin_ctzll(others), batch, n);
   if (n) arena_free_blocks(batch, n, tc->arena);
 }
 
@@ -496,6 +494,7 @@ static void overflow(fm_tcache *tc, unsigned cls) {
   } else {
     /* (a bin grown while it was refilled too may hold more than one batch) */
     flush_top(tc, cls, bin_count(tc, cls) - FM_FREE_ONLY_BATCH);
+    tc->free_only |= (uint64_t)1 << cls;
     flush_free_only(tc, cls);
     int32_t limit = bin_limit(tc, cls);
     if (limit < FM_FREE_ONLY_MIN_BLOCKS || (size_t)limit * size_class_size[cls] < FM_FREE_ONLY_BIN_BYTES)

@@ -31,6 +31,7 @@ typedef struct fm_tcache {
   void **low[FM_BINS];
   int32_t limit[FM_BINS];
   uint8_t activity[FM_BINS]; /* BIN_REFILLED | BIN_OVERFLOWED since the last idle sweep */
+  uint64_t free_only;        /* bit cls: bin cls overflowed, never refilled, since then */
   uint8_t state;             /* FM_TCACHE_BOOT, _LIVE or _DEAD */
   fm_arena *arena;
   fm_bins_array *bins;       /* room for every bin at its largest limit */
@@ -41,6 +42,7 @@ typedef struct fm_tcache {
   int32_t clock_countdown;   /* frees the bins may take before the purge clock is read */
   uint32_t sweep_epoch;      /* the arena's purge tick count at the last idle sweep */
 } fm_tcache;
+_Static_assert(FM_NUM_SPAN_CLASSES < 64, "free_only has a bit for every span class");
 
 extern fm_hidden __thread fm_tcache tcache_tls __attribute__((tls_model("initial-exec")));
 
