@@ -368,8 +368,8 @@ def ratio_table(res, jobs, peers):
         by_group.setdefault(job.kind, []).append((best_ratio, ratios, failed))
         if failed or (best_ratio and best_ratio > worst[0]):
             worst = (math.inf if failed else best_ratio, label)
-        out.append([label, f"{best_ratio:.2f} ({best_peer})" if best_ratio is not None else "—"] +
-                   [f"{ratios[p]:.2f}" if ratios[p] is not None else "—" for p in peers])
+        out.append([label, fmt_num(best_ratio) + (f" ({best_peer})" if best_peer else "")] +
+                   [fmt_num(ratios[p]) for p in peers])
     all_rows = []
     for kind, title in GROUPS:
         rows = by_group.get(kind)
@@ -383,8 +383,15 @@ def ratio_table(res, jobs, peers):
     return md_table(["benchmark", "vs best peer"] + [f"vs {p}" for p in peers], out)
 
 
+def fmt_num(x, bold=False):
+    """A figure to two places (bold: in bold), or "—" for a missing one."""
+    if x is None:
+        return "—"
+    return f"**{x:.2f}**" if bold else f"{x:.2f}"
+
+
 def fmt_ratio(r):
-    return "failed" if r == math.inf else f"{r:.2f}"
+    return "failed" if r == math.inf else fmt_num(r)
 
 
 def failed_note(n):
@@ -393,11 +400,9 @@ def failed_note(n):
 
 
 def geomean_row(label, rows, peers):
-    def cell(g):
-        return f"{g:.2f}" if g is not None else "—"
     g = geomean([b for b, _, _ in rows])
     note = failed_note(sum(failed for _, _, failed in rows))
-    return [label, (f"**{g:.2f}**" if g is not None else "—") + note] + [cell(geomean([r[p] for _, r, _ in rows]))
+    return [label, fmt_num(g, bold=True) + note] + [fmt_num(geomean([r[p] for _, r, _ in rows]))
                                                             for p in peers]
 
 
@@ -417,10 +422,10 @@ def memory_table(res, jobs, names, peers):
         if res.failed(job.key, "peak_rss", peers):
             r = math.inf   # failed: no mean hides it
         ratios.append((r, job.key))
-        out.append([job.key] + cells + [fmt_ratio(r) if r is not None else "—"])
+        out.append([job.key] + cells + [fmt_ratio(r)])
     g = geomean([r for r, _ in ratios if r != math.inf])
     note = failed_note(sum(r == math.inf for r, _ in ratios))
-    out.append(["**geomean**"] + [""] * len(names) + [(f"**{g:.2f}**" if g is not None else "—") + note])
+    out.append(["**geomean**"] + [""] * len(names) + [fmt_num(g, bold=True) + note])
     r, key = max(((r, k) for r, k in ratios if r), default=(None, None))
     if r:
         out.append([f"**worst: {key}**"] + [""] * len(names) + [f"**{fmt_ratio(r)}**"])
@@ -468,7 +473,7 @@ def target_rows(res, jobs, peers, alloc, fast_path):
         if pairs:
             g = geomean([r for _, r in pairs])
             failed = sum(r is None for _, r in pairs)
-            rows.append((target, (f"{g:.2f}" if g is not None else "—") + failed_note(failed),
+            rows.append((target, fmt_num(g) + failed_note(failed),
                          bool(g) and g <= bound and not failed))
 
     def none_over(target, pairs, bound, name_them):
@@ -536,9 +541,6 @@ def targets_table(res, jobs, peers, builds, fast_path):
     return md_table(header, out, ["---"] + ["---:", "---"] * len(builds))
 
 
-def fmt_quotient(r):
-    return f"{r:.2f}" if r is not None else "—"
-
 
 def st_flag_table(res, jobs):
     """bench-malloc-simple single-threaded vs after a thread, with and without the flag."""
@@ -552,9 +554,9 @@ def st_flag_table(res, jobs):
                                        res.ratio(job.key, st, NO_ST_FLAG, MAIN),
                                        res.ratio(job.key, mt, SYSTEM, SYSTEM, st))
             out.append([f"{job.key} ×{count}"] + [fmt_value(v, "ns") for v in (fm_st, fm_mt)] +
-                       [fmt_quotient(fm_mt_st)] + [fmt_value(v, "ns") for v in (off_st, off_mt)] +
-                       [fmt_quotient(gain)] + [fmt_value(v, "ns") for v in (g_st, g_mt)] +
-                       [fmt_quotient(g_mt_st)])
+                       [fmt_num(fm_mt_st)] + [fmt_value(v, "ns") for v in (off_st, off_mt)] +
+                       [fmt_num(gain)] + [fmt_value(v, "ns") for v in (g_st, g_mt)] +
+                       [fmt_num(g_mt_st)])
     return md_table(["size ×count", "fm st", "fm mt", "fm mt÷st", "flag-off st", "flag-off mt",
                      "gain (off st ÷ fm st)", "glibc st", "glibc mt", "glibc mt÷st"], out)
 
@@ -582,10 +584,10 @@ def mark_table(res, jobs, peers):
         groups.setdefault(job.kind, []).append(t)
         for a in mem:
             mem[a].append(r[a])
-        out.append([job.key] + [f"{t[a]:.2f}" if t[a] is not None else "—" for a in (MAIN, NO_MARK)] +
-                   [fmt_quotient(t["cost"])] +
+        out.append([job.key] + [fmt_num(t[a]) for a in (MAIN, NO_MARK)] +
+                   [fmt_num(t["cost"])] +
                    [fmt_value(res.median(job.key, "peak_rss", a), "KiB") for a in (MAIN, NO_MARK)] +
-                   [f"{r[a]:.2f}" if r[a] is not None else "—" for a in (MAIN, NO_MARK)])
+                   [fmt_num(r[a]) for a in (MAIN, NO_MARK)])
     for kind, title in GROUPS:
         rows = groups.get(kind)
         if rows:
@@ -594,12 +596,12 @@ def mark_table(res, jobs, peers):
             both = [row for row in rows if row[MAIN] and row[NO_MARK] and row["cost"]]
             g = {a: geomean([row[a] for row in both]) for a in (MAIN, NO_MARK, "cost")}
             note = failed_note(len(rows) - len(both))
-            out.append([f"**geomean {title}**", (f"**{g[MAIN]:.2f}**" if g[MAIN] is not None else "—") + note,
-                        f"**{g[NO_MARK]:.2f}**" if g[NO_MARK] is not None else "—",
-                        f"**{g['cost']:.2f}**" if g["cost"] is not None else "—", "", "", "", ""])
+            out.append([f"**geomean {title}**", fmt_num(g[MAIN], bold=True) + note,
+                        fmt_num(g[NO_MARK], bold=True),
+                        fmt_num(g["cost"], bold=True), "", "", "", ""])
     g = {a: geomean(mem[a]) for a in mem}
     out.append(["**geomean peak RSS**", "", "", "", "", ""] +
-               [f"**{g[a]:.2f}**" if g[a] is not None else "—" for a in (MAIN, NO_MARK)])
+               [fmt_num(g[a], bold=True) for a in (MAIN, NO_MARK)])
     return md_table(["benchmark", "time ÷ best peer", "no mark: ÷ best peer", "mark's cost (time ÷ no-mark time)",
                      "peak RSS, MiB", "no mark: peak RSS", "peak ÷ smallest peer",
                      "no mark: ÷ smallest peer"], out)

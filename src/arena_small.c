@@ -278,9 +278,10 @@ typedef struct {
 } known_span;
 
 /* Checks p, the link from handed-over block `from` (NULL: the list's head) on the arena's
- * list of class cls: it must start a block of a span of the class in the arena, else
- * `from`'s link was overwritten; and carry the freed mark, else it was freed twice and
- * handed out again, or written into. */
+ * list of class cls: it must lie in a span of the class in the arena, else `from`'s link
+ * was overwritten (that it starts a block, the flush checks, or a refill that takes it as
+ * it is); and carry the freed mark, else it was freed twice and handed out again, or
+ * written into. */
 static fm_always_inline void handed_over_check(const fm_arena *arena, void *p, void *from,
                                                unsigned cls, known_span *known) {
   if ((uintptr_t)p - known->start >= known->len) {
@@ -290,9 +291,6 @@ static fm_always_inline void handed_over_check(const fm_arena *arena, void *p, v
     *known = (known_span){(uintptr_t)span->start, span_blocks_len(span), span->block_size,
                           span->index_magic, in_abandoned_chunk(arena, p)};
   }
-  uint32_t index;
-  if (fm_unlikely(!block_at((uintptr_t)p - known->start, known->magic, known->size, &index)))
-    diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
   if (FM_FREE_MARK && fm_unlikely(((const uintptr_t *)p)[1] != FM_FREED_MARK))
     diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
 }
@@ -357,13 +355,17 @@ static unsigned handed_over_before_refill(fm_arena *arena, unsigned cls, void **
                                           unsigned room, void **batch, size_t *batch_count,
                                           bool threaded) {
   known_span known = {0};
-  void *list = handed_over_take(arena, cls, &known);
+  void *list = handed_over_take(arena, cls, &known), *from = NULL;
   unsigned taken = 0;
   while (list && taken < room) {
-    void *p = list;
+    void *p = list;   /* (known: its span) */
+    uint32_t index;
+    if (fm_unlikely(!block_at((uintptr_t)p - known.start, known.magic, known.size, &index)))
+      diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
     list = *(void **)p;
     if (!known.abandoned) out[taken++] = p;
     if (list) handed_over_check(arena, list, p, cls, &known);
+    from = p;
   }
   *batch_count = 0;
   while (list) {
