@@ -11,14 +11,28 @@ fm_arena arenas[FM_ARENAS_MAX] __attribute__((aligned(FM_PAGE_SIZE)));
 unsigned arena_count = 1;
 
 /* The empty spans an arena keeps a while, per class, in address order: pushed in the
- * purge epoch they emptied in, so a purge tick can tell how long they have waited. */
+ * purge epoch they emptied in, so a purge tick can tell how long they have waited. A heap
+ * freed about in the order it was built empties its spans upwards, each above or just
+ * below the highest kept, and one freed in the reverse order each below the lowest: a
+ * span's place is looked for from the highest down, after a look at the lowest. */
 static void kept_push(fm_arena *arena, fm_span *span) {
+  unsigned cls = span->cls;
+  fm_span *lowest = arena->empty[cls], *below = arena->empty_highest[cls];
   span->empty_since = (uint32_t)arena->purge_epoch;
-  LIST_INSERT_BY_ADDRESS(&arena->empty[span->cls], span);
-  arena->empty_count[span->cls]++;
+  if (lowest && span < lowest) below = NULL;
+  while (below && below > span) below = below->prev;
+  span->prev = below;
+  span->next = below ? below->next : lowest;
+  if (span->next) span->next->prev = span;
+  else arena->empty_highest[cls] = span;
+  if (below) below->next = span;
+  else arena->empty[cls] = span;
+  arena->empty_count[cls]++;
+  fm_assert(!arena->empty_highest[cls]->next && !arena->empty[cls]->prev);
 }
 
 static void kept_remove(fm_arena *arena, fm_span *span) {
+  if (arena->empty_highest[span->cls] == span) arena->empty_highest[span->cls] = span->prev;
   LIST_REMOVE(&arena->empty[span->cls], span);
   arena->empty_count[span->cls]--;
 }
@@ -334,8 +348,7 @@ void arena_span_emptied(fm_arena *arena, fm_span *span) {
                : (size_t)arena->empty_count[cls] * span_bytes(span) < FM_KEPT_SPAN_BYTES;
   }
   if (!keep) {
-    fm_span *highest = arena->empty[cls];
-    while (highest && highest->next) highest = highest->next;
+    fm_span *highest = arena->empty_highest[cls];
     if (!highest || highest < span || cls == FM_CLASS_SPAN_BLOCK) {
       arena_give_back_span(arena, span, false);
       return;

@@ -35,6 +35,7 @@ typedef struct fm_arena {
    * blocks, so a malloc/free loop of them does not churn through the chunks;
    * FM_CLASS_PAGES: empty page spans. */
   fm_span *empty[FM_CLASS_PAGES + 1];
+  fm_span *empty_highest[FM_CLASS_PAGES + 1];   /* the last span of each such list */
   uint16_t empty_count[FM_CLASS_PAGES + 1];
   char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
   fm_chunk *chunks;        /* chunks with a free unit, in address order */
