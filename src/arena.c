@@ -106,10 +106,10 @@ static void arena_offset_growth(fm_arena *arena, unsigned units) {
  * left; NULL when it has no room. */
 static fm_span *arena_take_span_in(fm_arena *arena, fm_chunk *chunk, unsigned units, unsigned cls,
                                    bool resident_only) {
-  unsigned clean, before = chunk_dirty_free_units(chunk);
+  unsigned clean;
   fm_span *span = chunk_take_span(chunk, units, cls, resident_only, &clean);
   if (!span) return NULL;
-  arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
+  arena_count_dirty(arena, units - clean, 0);   /* (the span's units that were dirty) */
   arena_relist_chunk(arena, chunk, false);
   if (clean) arena_offset_growth(arena, clean);
   arena->counters.spans_taken++;
@@ -129,9 +129,8 @@ static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, b
 static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   bool was_full = !chunk->free_units;
-  unsigned before = chunk_dirty_free_units(chunk);
+  arena_count_dirty(arena, 0, purged ? 0 : span->units);   /* (a span's units are clean) */
   chunk_give_back_span(span, purged);
-  arena_count_dirty(arena, before, chunk_dirty_free_units(chunk));
   arena_relist_chunk(arena, chunk, was_full);
 }
 

@@ -30,11 +30,14 @@ static uint64_t unit_bits(unsigned first, unsigned units) {
   return (units == 64 ? ~(uint64_t)0 : (((uint64_t)1 << units) - 1)) << first;
 }
 
-/* Lowest run of `units` set bits in mask, or -1. */
+/* Lowest run of `units` set bits in mask, or -1: from the bits, the starts of runs of 2,
+ * 4 ... units, then of `units` (two runs of a power of two that overlap). */
 static int find_run(uint64_t mask, unsigned units) {
-  uint64_t run = mask;
-  for (unsigned i = 1; i < units && run; i++) run &= mask >> i;
-  return run ? __builtin_ctzll(run) : -1;
+  uint64_t starts = mask;
+  unsigned run = 1;
+  for (; run * 2 <= units && starts; run *= 2) starts &= starts >> run;
+  if (run < units) starts &= starts >> (units - run);
+  return starts ? __builtin_ctzll(starts) : -1;
 }
 
 /* Marks every block of a small-class span free. */
