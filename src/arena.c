@@ -129,7 +129,8 @@ static fm_span *arena_find_span(fm_arena *arena, unsigned units, unsigned cls, b
 static void arena_give_back_span(fm_arena *arena, fm_span *span, bool purged) {
   fm_chunk *chunk = chunk_of(span);
   bool was_full = !chunk->free_units;
-  arena_count_dirty(arena, 0, purged ? 0 : span->units);   /* (a span's units are clean) */
+  /* (a span's units count as dirty only once free again: units_take cleared their bits) */
+  arena_count_dirty(arena, 0, purged ? 0 : span->units);
   chunk_give_back_span(span, purged);
   arena_relist_chunk(arena, chunk, was_full);
 }
