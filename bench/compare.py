@@ -541,7 +541,6 @@ def targets_table(res, jobs, peers, builds, fast_path):
     return md_table(header, out, ["---"] + ["---:", "---"] * len(builds))
 
 
-
 def st_flag_table(res, jobs):
     """bench-malloc-simple single-threaded vs after a thread, with and without the flag."""
     out = []

@@ -34,6 +34,12 @@
 #define FMT_MIB ((size_t)1 << 20)
 #define FMT_MAX_CLASSES 64
 
+/* qsort's order for elements that start with a pointer: by that pointer's address. */
+static inline int fmt_compare_addresses(const void *a, const void *b) {
+  uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* Hides a pointer's origin from the compiler, so it cannot reason about a free or a
  * deliberate misuse (and cannot delete a malloc/free pair). */
 static inline void *fmt_launder(void *p) {

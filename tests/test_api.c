@@ -936,11 +936,6 @@ static void test_mallinfo_counts_blocks(void **state) {
 
 /* The thread cache's bins grow in turn (each growth moves the bins above it, blocks and
  * all): every block handed out afterwards is distinct, unshared and keeps its contents. */
-static int compare_addresses(const void *a, const void *b) {
-  uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 static void test_cache_bins_grow_in_turn(void **state) {
   enum { ROUNDS = 7, MOST = 8 << (ROUNDS - 1) };
   size_t sizes[FMT_MAX_CLASSES];
@@ -974,7 +969,7 @@ static void test_cache_bins_grow_in_turn(void **state) {
       sorted[2 * ((size_t)c * MOST + i)] = (uintptr_t)p;
       sorted[2 * ((size_t)c * MOST + i) + 1] = (uintptr_t)p + sizes[c];
     }
-  qsort(sorted, live, 2 * sizeof *sorted, compare_addresses);
+  qsort(sorted, live, 2 * sizeof *sorted, fmt_compare_addresses);
   for (size_t k = 1; k < live; k++) assert_true(sorted[2 * k - 1] <= sorted[2 * k]);
   for (size_t k = 0; k < live; k++) free((void *)sorted[2 * k]);
   free(sorted);

@@ -641,11 +641,6 @@ static void *free_all_handed(void *arg) {
   return NULL;
 }
 
-static int compare_pointers(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
-  return (x > y) - (x < y);
-}
-
 static void test_handed_over_blocks_come_back_once(void **state) {
   enum { N = HB_BLOCKS * HB_CLASSES };
   void **blocks = malloc(N * sizeof *blocks), **sorted = malloc(N * sizeof *sorted);
@@ -663,7 +658,7 @@ static void test_handed_over_blocks_come_back_once(void **state) {
         fail_msg("round %d: block %p of %zu bytes was written by another malloc", round,
                  blocks[i], hb_size[i % HB_CLASSES]);
     memcpy(sorted, blocks, N * sizeof *sorted);
-    qsort(sorted, N, sizeof *sorted, compare_pointers);
+    qsort(sorted, N, sizeof *sorted, fmt_compare_addresses);
     for (int i = 1; i < N; i++)
       if (sorted[i] == sorted[i - 1]) fail_msg("round %d: %p handed out twice", round, sorted[i]);
     pthread_t t;
