@@ -711,11 +711,10 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
 
 /* free never changes errno: the OS calls on its slow paths put it back (os.c), and so
  * does a thread's set-up (current), the only other place where it may be set. */
-void tcache_free_miss(void *p) {
+void tcache_free_miss(void *p, unsigned cls) {
   /* free(NULL), which many programs call freely, first: class 0's bin is always full, so
    * each one comes here. */
   if (!p) return;
-  unsigned cls = unit_map_class_checked(p);   /* 0 for any pointer before set-up */
   fm_tcache *tc = &tcache_tls;
   /* A live bin with room: its countdown ran out. The fast path's push, and every
    * FM_TICK_FREES frees the purge clock. (A cache not live has every limit 0.) */

@@ -48,7 +48,7 @@ extern fm_hidden __thread fm_tcache tcache_tls __attribute__((tls_model("initial
 
 /* Never inlined (not even under LTO): the fast paths tail-call them. */
 fm_noinline void *tcache_malloc_miss(size_t size, unsigned cls);   /* cls 0: by size */
-fm_noinline void tcache_free_miss(void *p);
+fm_noinline void tcache_free_miss(void *p, unsigned cls);   /* cls: p's unit-map entry */
 /* calloc of FM_CALLOC_ZEROED_MIN .. FM_SMALL_MAX bytes: a block from the bin is cleared.
  * When the bin is empty, a block comes from the arena, cleared only if it may hold data:
  * one not handed out since its span's units were last zero is left as it is. (Not inline:
@@ -95,7 +95,11 @@ static fm_always_inline void *tcache_malloc_tabled(size_t size, tcache_miss_fn m
 
 static fm_always_inline void tcache_free(void *p) {
   size_t cls = unit_map_class(p);   /* 0 for NULL and foreign pointers: bin 0 is full */
-  if (fm_unlikely(--tcache_tls.room[cls] < 0)) return tcache_free_miss(p);
+  if (fm_unlikely(--tcache_tls.room[cls] < 0)) {
+    /* (without it gcc copies cls to the miss's argument register before the test) */
+    FM_SPLIT_ADDRESS(cls);
+    return tcache_free_miss(p, (unsigned)cls);
+  }
   void **top = tcache_tls.top[cls];
   mark_set(p, top);
   *top = p;
