@@ -57,6 +57,9 @@ typedef struct fm_arena {
   arena_counters counters;
   /* Live threads dealt the arena (thread.c, under the registry's lock; others read it). */
   uint32_t threads;
+  /* What a refill left of a list of handed-over blocks (below), per class, its head
+   * checked: the next refill of the class starts there. Under the lock. */
+  void *handed_over_left[FM_NUM_SPAN_CLASSES + 1];
   /* Small blocks, a list per class, and page blocks that threads of other arenas freed,
    * linked through their first word: a refill of the class takes the small ones, a purge
    * tick frees them (arena_small.c); the arena frees the page blocks under its lock
@@ -91,13 +94,14 @@ void arena_tick_all(void);
  * walks over them go. A block that was handed out before in its span's life went back
  * through a path that wrote FM_FREED_MARK into its second word (or its page was purged
  * since, and it reads zero), and the caller checks that nothing wrote there since
- * (bin.h); one never handed out may hold anything (the span's units may have served
- * another class), and comes with FM_BLOCK_FRESH added to its address. With zeroed (for
+ * (bin.h). Two kinds come with FM_BLOCK_NO_CHECK added to their address instead: one never
+ * handed out, which may hold anything (the span's units may have served another class),
+ * and one handed over, whose mark the walk of its list checked already. With zeroed (for
  * calloc), when the first block reads zero (it was not handed out since its span's units
  * were zero), it is the only one taken, untagged, and *zeroed is set. *took_span (when
  * took_span is not NULL) says whether the batch took a span from the chunks: a new one,
  * not one its class kept. */
-#define FM_BLOCK_FRESH 1
+#define FM_BLOCK_NO_CHECK 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
                            bool *zeroed, bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

@@ -29,27 +29,21 @@ static fm_span *arena_new_span(fm_arena *arena, unsigned cls) {
   return span;
 }
 
-static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t n);
-static unsigned handed_over_before_refill(fm_arena *arena, unsigned cls, void **out,
-                                          unsigned room, void **batch, size_t *batch_count,
-                                          bool threaded);
+static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **out, unsigned room);
 
 /* Tags the blocks of blocks[0 .. n) (taken from one span, highest first) that lie at or
  * above `issued`, the end of those handed out before in the span's life (see arena.h).
  * Once a heap stops growing none does: the loop ends at the first block. */
 static void tag_fresh(void **blocks, uint32_t n, char *issued) {
   for (uint32_t i = 0; i < n && (char *)blocks[i] >= issued; i++)
-    blocks[i] = (char *)blocks[i] + FM_BLOCK_FRESH;
+    blocks[i] = (char *)blocks[i] + FM_BLOCK_NO_CHECK;
 }
 
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
                            bool *zeroed, bool *took_span) {
   bool threaded = lock_threaded();
-  void *batch[FM_FREE_ONLY_BATCH];
-  size_t handed_over;
-  unsigned handed = handed_over_before_refill(arena, cls, out, room, batch, &handed_over, threaded);
   lock_take(&arena->lock, threaded);
-  if (handed_over) handed_over_batch_free_locked(arena, batch, handed_over);
+  unsigned handed = handed_over_take_locked(arena, cls, out, room);
   arena->counters.refills++;
   arena->counters.blocks_refilled += handed;
   arena->counters.blocks_flushed += handed;
@@ -329,53 +323,54 @@ static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t 
   arena->counters.blocks_from_other_arenas += n;
 }
 
+/* The arena's handed-over blocks of class cls, its head checked (and its span in *known):
+ * what the last refill left, else the list the other threads push onto; NULL when none. */
+static void *handed_over_next_locked(fm_arena *arena, unsigned cls, known_span *known) {
+  void *left = arena->handed_over_left[cls];
+  if (!left) return handed_over_take(arena, cls, known);
+  arena->handed_over_left[cls] = NULL;
+  handed_over_check(arena, left, NULL, cls, known);
+  return left;
+}
+
 /* Frees the blocks that threads of other arenas handed over, under the arena's lock, a
  * batch at a time. */
 static fm_noinline void handed_over_blocks_free_locked(fm_arena *arena) {
   void *batch[FM_FREE_ONLY_BATCH];
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    void *list = handed_over_take(arena, cls, &(known_span){0});
-    while (list)
-      handed_over_batch_free_locked(arena, batch, handed_over_batch(arena, cls, &list, batch));
+    void *list;
+    while ((list = handed_over_next_locked(arena, cls, &(known_span){0})))
+      while (list)
+        handed_over_batch_free_locked(arena, batch, handed_over_batch(arena, cls, &list, batch));
   }
 }
 
 void arena_free_handed_over_blocks(fm_arena *arena) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
-    if (__atomic_load_n(&arena->handed_over_blocks[cls], __ATOMIC_RELAXED))
+    if (arena->handed_over_left[cls] ||
+        __atomic_load_n(&arena->handed_over_blocks[cls], __ATOMIC_RELAXED))
       return handed_over_blocks_free_locked(arena);
 }
 
-/* Before a refill of class cls, out of the lock: the blocks of the class that threads of
- * other arenas handed over go straight into out[0 ..), up to `room` (returns how many),
- * with no pass through their spans' bitmaps (a consumer's blocks go back to its producer's
- * bin); the rest of the list is freed, all batches but the last under a lock each, the
- * last under the refill's (*batch, *batch_count). */
-static unsigned handed_over_before_refill(fm_arena *arena, unsigned cls, void **out,
-                                          unsigned room, void **batch, size_t *batch_count,
-                                          bool threaded) {
+/* At a refill of class cls, under the lock: the blocks of the class that threads of other
+ * arenas handed over go straight into out[0 ..), up to `room` (returns how many), with no
+ * pass through their spans' bitmaps (a consumer's blocks go back to its producer's bin).
+ * What is left waits for the next refill of the class, or a purge tick. */
+static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **out, unsigned room) {
   known_span known = {0};
-  void *list = handed_over_take(arena, cls, &known), *from = NULL;
+  void *list = NULL, *from = NULL;
   unsigned taken = 0;
-  while (list && taken < room) {
+  while (taken < room && (list || (list = handed_over_next_locked(arena, cls, &known)))) {
     void *p = list;   /* (known: its span) */
     uint32_t index;
     if (fm_unlikely(!block_at((uintptr_t)p - known.start, known.magic, known.size, &index)))
       diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
     list = *(void **)p;
-    if (!known.abandoned) out[taken++] = p;
+    if (!known.abandoned) out[taken++] = (char *)p + FM_BLOCK_NO_CHECK;   /* (mark checked) */
     if (list) handed_over_check(arena, list, p, cls, &known);
-    from = p;
+    from = list ? p : NULL;
   }
-  *batch_count = 0;
-  while (list) {
-    *batch_count = handed_over_batch(arena, cls, &list, batch);
-    if (!list) break;
-    lock_take(&arena->lock, threaded);
-    handed_over_batch_free_locked(arena, batch, *batch_count);
-    lock_release(&arena->lock, threaded);
-    *batch_count = 0;
-  }
+  arena->handed_over_left[cls] = list;
   return taken;
 }
 

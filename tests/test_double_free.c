@@ -1,8 +1,8 @@
 /* Double frees, each in a forked child: of a block on top of its bin, in its middle, at its
- * bottom, after the block went back to its span, across threads, of page blocks and large
- * blocks. The child then allocates until fastmalloc reports the duplicate (every pointer
- * it gets at most once: a second would be two owners of one block), and must die of
- * SIGABRT with one line naming the pointer. */
+ * bottom, after the block went back to its span, across threads, while handed over to its
+ * arena, of page blocks and large blocks. The child then allocates until fastmalloc
+ * reports the duplicate (every pointer it gets at most once: a second would be two owners
+ * of one block), and must die of SIGABRT with one line naming the pointer. */
 #include "fm_test.h"
 
 #include <pthread.h>
@@ -189,6 +189,33 @@ static void twice_handed_over(void *arg) {
   free(keep);
 }
 
+/* A thread of another arena frees many blocks (more than one refill takes): they are
+ * handed over to the main thread's arena, whose refill takes a bin's worth and leaves the
+ * rest on the list. The block freed first lies at the far end of what is left; main frees
+ * it again, and its refills must not hand it out a second time. */
+enum { HANDED_OVER_BLOCKS = 3000 };
+static void **handed_over_blocks_made;
+
+static void *free_all_in_order(void *arg) {
+  free(malloc((uintptr_t)arg));   /* (a thread set up, that flushes what it frees) */
+  for (unsigned i = 0; i < HANDED_OVER_BLOCKS; i++) free(handed_over_blocks_made[i]);
+  return NULL;
+}
+
+static void twice_while_left_over(void *arg) {
+  size_t n = (uintptr_t)arg;
+  static void *made[HANDED_OVER_BLOCKS];
+  handed_over_blocks_made = made;
+  for (unsigned i = 0; i < HANDED_OVER_BLOCKS; i++) made[i] = marked(n);
+  result->freed_twice = (uintptr_t)made[0];
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_all_in_order, arg) != 0) child_fails("thread");
+  pthread_join(thread, NULL);
+  allocate(n, 1);   /* (a refill: it takes part of the list) */
+  free(fmt_launder(made[0]));
+  after_double_free(n);
+}
+
 static const char *const reports[] = {"free(): double free detected",
                                       "double free or corruption of a free block"};
 
@@ -258,6 +285,12 @@ static void test_twice_across_threads_handed_over(void **state) {
     expect_double_free_report(twice_handed_over, in_bins[i], "freed, trimmed, freed by a thread");
 }
 
+static void test_twice_while_handed_over(void **state) {
+  for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
+    expect_double_free_report(twice_while_left_over, in_bins[i],
+                              "freed again while handed over to its arena");
+}
+
 int main(void) {
   result = mmap(NULL, sizeof *result, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (result == MAP_FAILED) return 1;
@@ -268,6 +301,7 @@ int main(void) {
       cmocka_unit_test(test_twice_after_flush),
       cmocka_unit_test(test_twice_across_threads),
       cmocka_unit_test(test_twice_across_threads_handed_over),
+      cmocka_unit_test(test_twice_while_handed_over),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
