@@ -57,15 +57,14 @@ typedef struct fm_arena {
   arena_counters counters;
   /* Live threads dealt the arena (thread.c, under the registry's lock; others read it). */
   uint32_t threads;
-  /* What a refill left of a list of handed-over blocks (below), per class, its head
-   * checked: the next refill of the class starts there. Under the lock. */
-  void *handed_over_left[FM_NUM_SPAN_CLASSES + 1];
-  /* Small blocks, a list per class, and page blocks that threads of other arenas freed,
-   * linked through their first word: a refill of the class takes the small ones, a purge
-   * tick frees them (arena_small.c); the arena frees the page blocks under its lock
-   * (arena_pages.c). Lines of their own: those threads write them, never the rest. */
-  void *handed_over_blocks[FM_NUM_SPAN_CLASSES + 1] __attribute__((aligned(64)));
-  void *handed_over_page_blocks;
+  /* The small blocks that threads of other arenas freed, in a box per class, how many in
+   * each (arena_small.c: under the lock). A refill of the class takes them, a purge tick
+   * frees them. */
+  uint16_t boxed[FM_NUM_SPAN_CLASSES + 1];
+  /* The page blocks that threads of other arenas freed, linked through their first word:
+   * the arena frees them under its lock (arena_pages.c). A line of its own: those threads
+   * write it, never the rest. */
+  void *handed_over_page_blocks __attribute__((aligned(64)));
 } __attribute__((aligned(64))) fm_arena;
 
 extern fm_hidden fm_arena arenas[FM_ARENAS_MAX];
@@ -87,21 +86,20 @@ void arena_tick_all(void);
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;
  * returns got, 0 when out of memory. First, bottom of a thread cache's bin, come the blocks
- * of the class that threads of other arenas handed over, straight from their list, up to
+ * of the class that threads of other arenas handed over, straight from their box, up to
  * `room` (>= want): the blocks a consumer freed go back to its producer's bin. Then, from
  * the spans, the lowest block last: the bin, a stack, hands them out in address order, so
  * the nodes a program allocates one after the other lie upward in memory, as its later
  * walks over them go. A block that was handed out before in its span's life went back
  * through a path that wrote FM_FREED_MARK into its second word (or its page was purged
  * since, and it reads zero), and the caller checks that nothing wrote there since
- * (bin.h). Two kinds come with FM_BLOCK_NO_CHECK added to their address instead: one never
- * handed out, which may hold anything (the span's units may have served another class),
- * and one handed over, whose mark the walk of its list checked already. With zeroed (for
+ * (bin.h); one never handed out may hold anything (the span's units may have served
+ * another class), and comes with FM_BLOCK_FRESH added to its address. With zeroed (for
  * calloc), when the first block reads zero (it was not handed out since its span's units
  * were zero), it is the only one taken, untagged, and *zeroed is set. *took_span (when
  * took_span is not NULL) says whether the batch took a span from the chunks: a new one,
  * not one its class kept. */
-#define FM_BLOCK_NO_CHECK 1
+#define FM_BLOCK_FRESH 1
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
                            bool *zeroed, bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

@@ -36,7 +36,7 @@ static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **ou
  * Once a heap stops growing none does: the loop ends at the first block. */
 static void tag_fresh(void **blocks, uint32_t n, char *issued) {
   for (uint32_t i = 0; i < n && (char *)blocks[i] >= issued; i++)
-    blocks[i] = (char *)blocks[i] + FM_BLOCK_NO_CHECK;
+    blocks[i] = (char *)blocks[i] + FM_BLOCK_FRESH;
 }
 
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
@@ -216,20 +216,43 @@ static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n) {
   return pending;
 }
 
-/* Hands the blocks of `arena` among blocks[0 .. n) over to it without its lock: linked
- * through their first word into lists, each run of one class pushed onto the arena's list
- * of the class with one compare-and-swap; the arena's next refill of the class takes them,
- * a purge tick frees them. The blocks of other arenas move to the front, and their count
- * is returned. Each block is checked to start a block of its
- * span before the link is written into it (a pointer inside another block would write
- * into that one); its span's fields it reads do not change while it is out. */
-static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
-  size_t pending = 0;
-  void *list = NULL, *last = NULL;   /* a run of blocks of class list_cls */
-  unsigned list_cls = 0;
+/* Small blocks that threads of other arenas freed into an arena that serves one thread
+ * wait in a box per class: an array of their pointers, which the next refill of the class
+ * copies into its bin (under the arena's lock, which guards the boxes; the count of each
+ * is the arena's boxed[cls]). A linked list would make that refill follow each link, one
+ * block's line at a time from the freeing thread's cache; the array's lines come in
+ * together, and so do the blocks' marks the refill checks. */
+typedef struct {
+  void *blocks[FM_HANDED_OVER_BOX];
+} handed_over_box;
+static handed_over_box boxes[FM_ARENAS_MAX][FM_NUM_SPAN_CLASSES + 1];
+_Static_assert(FM_HANDED_OVER_BOX <= UINT16_MAX, "an arena's boxed[] counts up to a box's size");
+
+static handed_over_box *box_of(const fm_arena *arena, unsigned cls) {
+  return &boxes[arena - arenas][cls];
+}
+
+/* Frees n handed-over blocks of the arena (none: nothing), under its lock; returns 0. */
+static size_t free_unboxed_locked(fm_arena *arena, void **blocks, size_t n) {
+  if (!n) return 0;
+  free_blocks_locked(arena, blocks, n);
+  arena->counters.blocks_from_other_arenas += n;
+  return 0;
+}
+
+/* Hands the blocks of `arena` among blocks[0 .. n) over to it, under its lock: each,
+ * checked to start a block of its span (the refill writes a mark into it), goes into the
+ * box of its class; those a full box has no room for are freed as a flush frees them.
+ * The blocks of other arenas move to the front, and their count is returned. */
+static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool threaded) {
+  size_t pending = 0, unboxed = 0;
+  void *full[32];   /* blocks a full box has no room for, freed a few at a time */
+  void **box = NULL;
+  unsigned box_cls = 0;
   char *start = NULL;
   size_t len = 0, size = 0;
   uint32_t magic = 0;
+  lock_take(&arena->lock, threaded);
   for (size_t i = 0; i < n; i++) {
     void *p = blocks[i];
     size_t offset = (uintptr_t)p - (uintptr_t)start;
@@ -239,11 +262,9 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
         blocks[pending++] = p;
         continue;
       }
-      if (span->cls != list_cls) {
-        if (list) handed_over_push(&arena->handed_over_blocks[list_cls], list, last);
-        list = last = NULL;
-        list_cls = span->cls;
-      }
+      if (in_abandoned_chunk(arena, p)) continue;   /* (dropped, as a flush drops it) */
+      box_cls = span->cls;
+      box = box_of(arena, box_cls)->blocks;
       start = span->start;
       len = span_blocks_len(span);
       size = span->block_size;
@@ -253,141 +274,47 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n) {
     }
     uint32_t index;
     if (fm_unlikely(!block_at(offset, magic, size, &index))) diag_fatal(DIAG_INVALID_FREE, p);
-    *(void **)p = list;
-    list = p;
-    if (!last) last = p;
+    if (fm_likely(arena->boxed[box_cls] < FM_HANDED_OVER_BOX)) {
+      box[arena->boxed[box_cls]++] = p;
+      continue;
+    }
+    full[unboxed++] = p;
+    if (unboxed == sizeof full / sizeof *full) unboxed = free_unboxed_locked(arena, full, unboxed);
   }
-  if (list) handed_over_push(&arena->handed_over_blocks[list_cls], list, last);
+  free_unboxed_locked(arena, full, unboxed);
+  lock_release(&arena->lock, threaded);
   return pending;
 }
 
-/* The span where a walk of a handed-over list last found a link: a list holds runs of one
- * span's blocks, and a link into its blocks' range needs no lookup (those blocks are out,
- * so the span stays the arena's, of the class, until the walk's batch is freed). */
-typedef struct {
-  uintptr_t start, len;
-  size_t size;
-  uint32_t magic;
-  bool abandoned;   /* in a chunk the arena abandoned: the block is dropped */
-} known_span;
-
-/* Checks p, the link from handed-over block `from` (NULL: the list's head) on the arena's
- * list of class cls: it must lie in a span of the class in the arena, else `from`'s link
- * was overwritten (that it starts a block, the flush checks, or a refill that takes it as
- * it is); and carry the freed mark, else it was freed twice and handed out again, or
- * written into. */
-static fm_always_inline void handed_over_check(const fm_arena *arena, void *p, void *from,
-                                               unsigned cls, known_span *known) {
-  if ((uintptr_t)p - known->start >= known->len) {
-    const fm_span *span = unit_map_class_checked(p) == cls ? span_of(p) : NULL;
-    if (fm_unlikely(!span || span->arena != arena))
-      diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
-    *known = (known_span){(uintptr_t)span->start, span_blocks_len(span), span->block_size,
-                          span->index_magic, in_abandoned_chunk(arena, p)};
-  }
-  if (FM_FREE_MARK && fm_unlikely(((const uintptr_t *)p)[1] != FM_FREED_MARK))
-    diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
-}
-
-/* Takes the arena's list of handed-over blocks of class cls, its head checked (and its
- * span in *known); NULL when empty. */
-static void *handed_over_take(fm_arena *arena, unsigned cls, known_span *known) {
-  void **head = &arena->handed_over_blocks[cls];
-  if (!__atomic_load_n(head, __ATOMIC_RELAXED)) return NULL;
-  void *list = __atomic_exchange_n(head, NULL, __ATOMIC_ACQUIRE);
-  if (list) handed_over_check(arena, list, NULL, cls, known);
-  return list;
-}
-
-/* Moves up to FM_FREE_ONLY_BATCH blocks of a taken list of class cls into batch[],
- * checking each link before it follows it; returns how many, and leaves *list where the
- * list goes on. Out of the lock: the walk reads each block, last written by the thread
- * that freed it. */
-static size_t handed_over_batch(fm_arena *arena, unsigned cls, void **list, void **batch) {
-  void *p = *list;
-  size_t n = 0;
-  known_span known = {0};
-  while (p && n < FM_FREE_ONLY_BATCH) {
-    batch[n++] = p;
-    void *next = *(void **)p;
-    if (next) handed_over_check(arena, next, p, cls, &known);
-    p = next;
-  }
-  *list = p;
-  return n;
-}
-
-/* Frees a batch of handed-over blocks, under the arena's lock, through the flush's loop. */
-static void handed_over_batch_free_locked(fm_arena *arena, void **batch, size_t n) {
-  free_blocks_locked(arena, batch, n);
-  arena->counters.blocks_from_other_arenas += n;
-}
-
-/* The arena's handed-over blocks of class cls, its head checked (and its span in *known):
- * what the last refill left, else the list the other threads push onto; NULL when none. */
-static void *handed_over_next_locked(fm_arena *arena, unsigned cls, known_span *known) {
-  void *left = arena->handed_over_left[cls];
-  if (!left) return handed_over_take(arena, cls, known);
-  arena->handed_over_left[cls] = NULL;
-  handed_over_check(arena, left, NULL, cls, known);
-  return left;
-}
-
-/* Frees the blocks that threads of other arenas handed over, under the arena's lock, a
- * batch at a time. */
-static fm_noinline void handed_over_blocks_free_locked(fm_arena *arena) {
-  void *batch[FM_FREE_ONLY_BATCH];
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    void *list;
-    while ((list = handed_over_next_locked(arena, cls, &(known_span){0})))
-      while (list)
-        handed_over_batch_free_locked(arena, batch, handed_over_batch(arena, cls, &list, batch));
-  }
-}
-
+/* Frees the blocks in the arena's boxes, under its lock. */
 void arena_free_handed_over_blocks(fm_arena *arena) {
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++)
-    if (arena->handed_over_left[cls] ||
-        __atomic_load_n(&arena->handed_over_blocks[cls], __ATOMIC_RELAXED))
-      return handed_over_blocks_free_locked(arena);
+  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
+    arena->boxed[cls] = (uint16_t)free_unboxed_locked(arena, box_of(arena, cls)->blocks,
+                                                      arena->boxed[cls]);
+  }
 }
 
-/* At a refill of class cls, under the lock: the blocks of the class that threads of other
- * arenas handed over go straight into out[0 ..), up to `room` (returns how many), with no
- * pass through their spans' bitmaps (a consumer's blocks go back to its producer's bin).
- * What is left waits for the next refill of the class, or a purge tick. */
+/* At a refill of class cls, under the lock: the blocks in the class's box go straight
+ * into out[0 ..), up to `room` (returns how many), the last boxed first, with no pass
+ * through their spans' bitmaps (a consumer's blocks go back to its producer's bin). */
 static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **out, unsigned room) {
-  known_span known = {0};
-  void *list = NULL, *from = NULL;
-  unsigned taken = 0;
-  while (taken < room && (list || (list = handed_over_next_locked(arena, cls, &known)))) {
-    void *p = list;   /* (known: its span) */
-    uint32_t index;
-    if (fm_unlikely(!block_at((uintptr_t)p - known.start, known.magic, known.size, &index)))
-      diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, from ? from : p);
-    list = *(void **)p;
-    if (!known.abandoned) out[taken++] = (char *)p + FM_BLOCK_NO_CHECK;   /* (mark checked) */
-    if (list) handed_over_check(arena, list, p, cls, &known);
-    from = list ? p : NULL;
-  }
-  arena->handed_over_left[cls] = list;
+  unsigned count = arena->boxed[cls], taken = count < room ? count : room;
+  memcpy(out, box_of(arena, cls)->blocks + (count - taken), taken * sizeof(void *));
+  arena->boxed[cls] = (uint16_t)(count - taken);
   return taken;
 }
 
 /* One pass per owning arena, under its lock; but in a threaded process, the blocks of
- * another arena that serves one thread are handed over to it without the lock. That thread
- * takes the lock at every refill and writes the bitmaps the flush would write: a thread
- * that frees what it allocates (a consumer's) would move both lines between the two for
- * every batch. An arena shared by threads keeps its frees: its lock moves between its own
- * threads anyway, and a hand-over would load the freeing work onto them, the producers
- * (several producers and consumers on two arenas ran 1.3-1.4 x slower that way). */
+ * another arena that serves one thread are handed over to it: its refills take them as
+ * they are, and the flush writes none of the bitmaps those refills read. An arena shared
+ * by threads keeps its frees: its lock moves between its own threads anyway. */
 void arena_free_blocks(void **blocks, size_t n, const fm_arena *home) {
   bool threaded = lock_threaded();
   while (n) {
     fm_arena *arena = cached_block_span(blocks[0])->arena;
     if (threaded && home && arena != home &&
         __atomic_load_n(&arena->threads, __ATOMIC_RELAXED) == 1) {
-      n = hand_over_blocks(arena, blocks, n);
+      n = hand_over_blocks(arena, blocks, n, threaded);
       continue;
     }
     lock_take(&arena->lock, threaded);

@@ -47,10 +47,10 @@ void bin_blocks_move(void **from, void **to, size_t n, unsigned cls);
 /* Checks the block popped from `slot`; reports it when its mark does not name the slot. */
 void bin_popped_check(void *p, void **slot);
 /* A block from arena_alloc_batch, untagged, after the check of one handed out before
- * (above); one tagged FM_BLOCK_NO_CHECK is not checked. */
+ * (above); a fresh one is not checked. */
 fm_noinline void bin_mark_mismatch(void *p);
 static inline void *bin_refilled(void *tagged) {
-  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)1;   /* (FM_BLOCK_NO_CHECK, arena.h) */
+  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)1;   /* (FM_BLOCK_FRESH, arena.h) */
   if (FM_FREE_MARK && fm_likely((uintptr_t)tagged == p)) {
     uintptr_t mark = ((const uintptr_t *)p)[1];
     if (mark != FM_FREED_MARK && mark != 0) bin_mark_mismatch((void *)p);

@@ -137,6 +137,9 @@
 #define FM_FREE_ONLY_BIN_BYTES 4096
 #define FM_FREE_ONLY_MIN_BLOCKS 8
 #define FM_FREE_ONLY_BATCH 256
+/* An arena's box of small blocks of one class that threads of other arenas freed holds
+ * at most 128 (1 KiB of pointers); what does not fit goes back to the spans. */
+#define FM_HANDED_OVER_BOX 128
 /* The idle sweep runs every 256 slow-path visits, and after each purge tick. */
 #define FM_SWEEP_MISSES 256
 /* A bin takes at most 1024 frees between two slow paths, each of which reads the purge

@@ -395,7 +395,7 @@ static void release_freed_blocks(fm_tcache *tc, unsigned growing) {
 }
 
 static uintptr_t untagged(const void *block) {
-  return (uintptr_t)block & ~(uintptr_t)FM_BLOCK_NO_CHECK;
+  return (uintptr_t)block & ~(uintptr_t)FM_BLOCK_FRESH;
 }
 
 /* Whether refill blocks low[0 .. got) (highest first, tagged) hold every block that shares

@@ -189,31 +189,17 @@ static void twice_handed_over(void *arg) {
   free(keep);
 }
 
-/* A thread of another arena frees many blocks (more than one refill takes): they are
- * handed over to the main thread's arena, whose refill takes a bin's worth and leaves the
- * rest on the list. The block freed first lies at the far end of what is left; main frees
- * it again, and its refills must not hand it out a second time. */
-enum { HANDED_OVER_BLOCKS = 3000 };
-static void **handed_over_blocks_made;
-
-static void *free_all_in_order(void *arg) {
-  free(malloc((uintptr_t)arg));   /* (a thread set up, that flushes what it frees) */
-  for (unsigned i = 0; i < HANDED_OVER_BLOCKS; i++) free(handed_over_blocks_made[i]);
-  return NULL;
-}
-
-static void twice_while_left_over(void *arg) {
-  size_t n = (uintptr_t)arg;
-  static void *made[HANDED_OVER_BLOCKS];
-  handed_over_blocks_made = made;
-  for (unsigned i = 0; i < HANDED_OVER_BLOCKS; i++) made[i] = marked(n);
-  result->freed_twice = (uintptr_t)made[0];
+/* A thread of another arena frees a block the main thread made: it waits in the box of
+ * its class in the main thread's arena (which serves that thread alone) for a refill.
+ * Main frees it again: its bin hands it out, and the refill that then takes the box's copy
+ * must not hand it out a second time. */
+static void twice_while_boxed(void *arg) {
+  void *p = marked((uintptr_t)arg);
   pthread_t thread;
-  if (pthread_create(&thread, NULL, free_all_in_order, arg) != 0) child_fails("thread");
+  if (pthread_create(&thread, NULL, free_in_thread, p) != 0) child_fails("thread");
   pthread_join(thread, NULL);
-  allocate(n, 1);   /* (a refill: it takes part of the list) */
-  free(fmt_launder(made[0]));
-  after_double_free(n);
+  free(fmt_launder(p));
+  after_double_free((uintptr_t)arg);
 }
 
 static const char *const reports[] = {"free(): double free detected",
@@ -287,7 +273,7 @@ static void test_twice_across_threads_handed_over(void **state) {
 
 static void test_twice_while_handed_over(void **state) {
   for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
-    expect_double_free_report(twice_while_left_over, in_bins[i],
+    expect_double_free_report(twice_while_boxed, in_bins[i],
                               "freed again while handed over to its arena");
 }
 

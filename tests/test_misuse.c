@@ -68,10 +68,10 @@ static void write_into_handed_over_page_block(void *arg) {
   free(fmt_launder(malloc(40000)));
 }
 
-/* The same for small blocks: a thread of the other arena frees two of the main thread's
- * and ends (its cache gives them back, handed over to the main thread's arena, which
- * serves that thread alone; a trim would free them at once); the main thread's refill
- * frees them. */
+/* The same for small blocks, over their marks: a thread of the other arena frees two of
+ * the main thread's and ends (its cache gives them back, handed over to the main thread's
+ * arena, which serves that thread alone; a trim would free them at once); the main
+ * thread's refill takes them. */
 static void write_into_handed_over_block(void *arg) {
   void *blocks[2] = {malloc(64), malloc(64)};
   pthread_t thread;

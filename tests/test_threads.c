@@ -628,10 +628,10 @@ static void test_calloc_after_remote_free(void **state) {
 
 /* The main thread makes HB_BLOCKS blocks of each of three classes, more than a bin holds;
  * a new thread (of another arena where there are several) frees them all and ends, so they
- * are handed over to the main thread's arena, a list per class, whose refills take them
- * back into its bins, and free the rest into their spans. No block comes back twice: the
- * blocks of each round are distinct, and each keeps what was written into it; and none is
- * lost: the rounds after the second map little more. */
+ * are handed over to the main thread's arena, a box per class, whose refills take them
+ * back into its bins; what a box has no room for goes to the spans. No block comes back
+ * twice: the blocks of each round are distinct, and each keeps what was written into it;
+ * and none is lost: the rounds after the second map little more. */
 enum { HB_BLOCKS = 3000, HB_CLASSES = 3, HB_ROUNDS = 8 };
 static const size_t hb_size[HB_CLASSES] = {16, 96, 640};
 
