@@ -104,9 +104,9 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigne
                            bool *zeroed, bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
  * acquisition per owning arena, however they are mixed; in a threaded process, the blocks
- * of another arena than home (the freeing thread's; NULL: none) that serves one thread
- * are handed over to it without its lock, for its next refill or purge tick to free.
- * Reorders blocks[]. */
+ * of another arena than home (the freeing thread's; NULL: none) are handed over to it, for
+ * its next refills of their classes to take, or its purge tick to free. Reorders
+ * blocks[]. */
 void arena_free_blocks(void **blocks, size_t n, const fm_arena *home);
 /* Bytes usable in the small block that starts at p, of class cls; 0 when p starts no block
  * of that class (an interior pointer, say). Takes no lock: it reads what does not change

@@ -216,12 +216,12 @@ static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n) {
   return pending;
 }
 
-/* Small blocks that threads of other arenas freed into an arena that serves one thread
- * wait in a box per class: an array of their pointers, which the next refill of the class
- * copies into its bin (under the arena's lock, which guards the boxes; the count of each
- * is the arena's boxed[cls]). A linked list would make that refill follow each link, one
- * block's line at a time from the freeing thread's cache; the array's lines come in
- * together, and so do the blocks' marks the refill checks. */
+/* Small blocks that threads of other arenas freed wait in a box per class: an array of
+ * their pointers, which the next refill of the class copies into its bin (under the
+ * arena's lock, which guards the boxes; the count of each is the arena's boxed[cls]). A
+ * linked list would make that refill follow each link, one block's line at a time from
+ * the freeing thread's cache; the array's lines come in together, and so do the blocks'
+ * marks the refill checks. */
 typedef struct {
   void *blocks[FM_HANDED_OVER_BOX];
 } handed_over_box;
@@ -304,16 +304,14 @@ static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **ou
   return taken;
 }
 
-/* One pass per owning arena, under its lock; but in a threaded process, the blocks of
- * another arena that serves one thread are handed over to it: its refills take them as
- * they are, and the flush writes none of the bitmaps those refills read. An arena shared
- * by threads keeps its frees: its lock moves between its own threads anyway. */
+/* One pass per owning arena, under its lock: the blocks of another arena than the
+ * thread's own are handed over to it (its refills take them as they are, and the flush
+ * writes none of the bitmaps those refills read); those of its own are freed. */
 void arena_free_blocks(void **blocks, size_t n, const fm_arena *home) {
   bool threaded = lock_threaded();
   while (n) {
     fm_arena *arena = cached_block_span(blocks[0])->arena;
-    if (threaded && home && arena != home &&
-        __atomic_load_n(&arena->threads, __ATOMIC_RELAXED) == 1) {
+    if (threaded && home && arena != home) {
       n = hand_over_blocks(arena, blocks, n, threaded);
       continue;
     }

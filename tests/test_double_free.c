@@ -190,7 +190,7 @@ static void twice_handed_over(void *arg) {
 }
 
 /* A thread of another arena frees a block the main thread made: it waits in the box of
- * its class in the main thread's arena (which serves that thread alone) for a refill.
+ * its class in the main thread's arena for a refill.
  * Main frees it again: its bin hands it out, and the refill that then takes the box's copy
  * must not hand it out a second time. */
 static void twice_while_boxed(void *arg) {
