@@ -60,7 +60,7 @@ typedef struct fm_arena {
   /* The small blocks that threads of other arenas freed, in a box per class, how many in
    * each (arena_small.c: under the lock). A refill of the class takes them, a purge tick
    * frees them. */
-  uint16_t boxed[FM_NUM_SPAN_CLASSES + 1];
+  uint8_t boxed[FM_NUM_SPAN_CLASSES + 1];
   /* The page blocks that threads of other arenas freed, linked through their first word:
    * the arena frees them under its lock (arena_pages.c). A line of its own: those threads
    * write it, never the rest. */

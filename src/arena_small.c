@@ -6,6 +6,7 @@
 #include <string.h>
 
 static uint8_t span_units[FM_NUM_SPAN_CLASSES + 1];  /* span length per class */
+static uint8_t box_room[FM_NUM_SPAN_CLASSES + 1];    /* handed-over blocks a box holds */
 
 /* The fewest units (at most FM_SPAN_UNITS_MAX) that waste at most 1/16 of the span; one
  * for strides over 4 KiB (5 to 15 blocks a span), so each of those classes holds few free
@@ -18,6 +19,8 @@ void arena_small_init(void) {
     unsigned most = size > 4096 ? 1 : FM_SPAN_UNITS_MAX;
     while (units < most && (units * FM_UNIT_SIZE % size) * 16 > units * FM_UNIT_SIZE) units++;
     span_units[cls] = (uint8_t)units;
+    size_t room = FM_HANDED_OVER_BOX_BYTES / size;
+    box_room[cls] = (uint8_t)(room < 1 ? 1 : room > FM_HANDED_OVER_BOX ? FM_HANDED_OVER_BOX : room);
   }
 }
 
@@ -226,7 +229,7 @@ typedef struct {
   void *blocks[FM_HANDED_OVER_BOX];
 } handed_over_box;
 static handed_over_box boxes[FM_ARENAS_MAX][FM_NUM_SPAN_CLASSES + 1];
-_Static_assert(FM_HANDED_OVER_BOX <= UINT16_MAX, "an arena's boxed[] counts up to a box's size");
+_Static_assert(FM_HANDED_OVER_BOX <= UINT8_MAX, "box_room[] and boxed[] hold a box's size");
 
 static handed_over_box *box_of(const fm_arena *arena, unsigned cls) {
   return &boxes[arena - arenas][cls];
@@ -274,7 +277,7 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool th
     }
     uint32_t index;
     if (fm_unlikely(!block_at(offset, magic, size, &index))) diag_fatal(DIAG_INVALID_FREE, p);
-    if (fm_likely(arena->boxed[box_cls] < FM_HANDED_OVER_BOX)) {
+    if (fm_likely(arena->boxed[box_cls] < box_room[box_cls])) {
       box[arena->boxed[box_cls]++] = p;
       continue;
     }
@@ -289,7 +292,7 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool th
 /* Frees the blocks in the arena's boxes, under its lock. */
 void arena_free_handed_over_blocks(fm_arena *arena) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    arena->boxed[cls] = (uint16_t)free_unboxed_locked(arena, box_of(arena, cls)->blocks,
+    arena->boxed[cls] = (uint8_t)free_unboxed_locked(arena, box_of(arena, cls)->blocks,
                                                       arena->boxed[cls]);
   }
 }
@@ -300,7 +303,7 @@ void arena_free_handed_over_blocks(fm_arena *arena) {
 static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **out, unsigned room) {
   unsigned count = arena->boxed[cls], taken = count < room ? count : room;
   memcpy(out, box_of(arena, cls)->blocks + (count - taken), taken * sizeof(void *));
-  arena->boxed[cls] = (uint16_t)(count - taken);
+  arena->boxed[cls] = (uint8_t)(count - taken);
   return taken;
 }
 
