@@ -235,12 +235,10 @@ static handed_over_box *box_of(const fm_arena *arena, unsigned cls) {
   return &boxes[arena - arenas][cls];
 }
 
-/* Frees n handed-over blocks of the arena (none: nothing), under its lock; returns 0. */
-static size_t free_unboxed_locked(fm_arena *arena, void **blocks, size_t n) {
-  if (!n) return 0;
+/* Frees n (> 0) handed-over blocks of the arena, under its lock. */
+static void free_unboxed_locked(fm_arena *arena, void **blocks, size_t n) {
   free_blocks_locked(arena, blocks, n);
   arena->counters.blocks_from_other_arenas += n;
-  return 0;
 }
 
 /* Hands the blocks of `arena` among blocks[0 .. n) over to it, under its lock: each,
@@ -282,9 +280,12 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool th
       continue;
     }
     full[unboxed++] = p;
-    if (unboxed == sizeof full / sizeof *full) unboxed = free_unboxed_locked(arena, full, unboxed);
+    if (unboxed == sizeof full / sizeof *full) {
+      free_unboxed_locked(arena, full, unboxed);
+      unboxed = 0;
+    }
   }
-  free_unboxed_locked(arena, full, unboxed);
+  if (unboxed) free_unboxed_locked(arena, full, unboxed);
   lock_release(&arena->lock, threaded);
   return pending;
 }
@@ -292,8 +293,9 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool th
 /* Frees the blocks in the arena's boxes, under its lock. */
 void arena_free_handed_over_blocks(fm_arena *arena) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    arena->boxed[cls] = (uint8_t)free_unboxed_locked(arena, box_of(arena, cls)->blocks,
-                                                      arena->boxed[cls]);
+    if (!arena->boxed[cls]) continue;
+    free_unboxed_locked(arena, box_of(arena, cls)->blocks, arena->boxed[cls]);
+    arena->boxed[cls] = 0;
   }
 }
 
