@@ -147,7 +147,8 @@
 /* A bin takes at most 1024 frees between two slow paths, each of which reads the purge
  * clock: a thread that only cycles blocks through its bins still lets its arena purge. */
 #define FM_TICK_FREES 1024
-/* And a thread that frees page blocks reads it every 16 of those frees. */
+/* And a thread that mallocs or frees page blocks, every 16 of those calls (a read of the
+ * clock is a call into the vDSO, dear next to a page block's malloc). */
 #define FM_TICK_PAGE_FREES 16
 /* A bin whose countdown runs out while it is at most half full cycles its blocks (frees
  * as many as it mallocs): its limit doubles, up to 32 KiB of blocks, so that its

@@ -317,9 +317,9 @@ static void idle_sweep(fm_tcache *tc) {
 
 /* Blocks past the bins (page blocks, but for their cache, span blocks and mapped ones)
  * bypass the bins, but their slow paths read the clock and sweep after a tick all the
- * same (a page block's free, every FM_TICK_PAGE_FREES): a thread that goes on with such
- * blocks only, after freeing a heap, still lets its bins' blocks (and so the spans they
- * pin) go. (Not every FM_SWEEP_MISSES of them: a program busy with large blocks would
+ * same (page blocks' mallocs and frees, every FM_TICK_PAGE_FREES of them): a thread that
+ * goes on with such blocks only, after freeing a heap, still lets its bins' blocks (and
+ * so the spans they pin) go. (Not every FM_SWEEP_MISSES of them: a program busy with large blocks would
  * sweep bins it keeps using.) */
 static void large_path_sweep(void) {
   fm_tcache *tc = &tcache_tls;
@@ -632,7 +632,7 @@ void *tcache_malloc_pages(size_t size) {
     tc->activity[FM_CLASS_PAGES] |= BIN_REFILLED;
     return p;
   }
-  large_path_sweep();
+  clock_count(tc, FM_TICK_FREES / FM_TICK_PAGE_FREES);
   bool zeroed;
   return arena_alloc_pages(tc->arena, size, 0, &zeroed);
 }
