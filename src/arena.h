@@ -16,7 +16,8 @@
 typedef struct arena_counters {
   uint64_t refills, blocks_refilled;       /* arena_alloc_batch */
   uint64_t flushes, blocks_flushed;        /* arena_free_blocks' passes */
-  uint64_t blocks_from_other_arenas;       /* of those, freed by a thread of another arena */
+  uint64_t blocks_handed_over;             /* of those, handed over by another arena's thread,
+                                              or by a thread that only frees them */
   uint64_t page_blocks_taken, page_blocks_given;
   uint64_t span_blocks_taken;
   uint64_t bytes_purged;   /* purged or unmapped by arena_purge, purged for other arenas' growth */
@@ -105,9 +106,9 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigne
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock
  * acquisition per owning arena, however they are mixed; in a threaded process, the blocks
  * of another arena than home (the freeing thread's; NULL: none) are handed over to it, for
- * its next refills of their classes to take, or its purge tick to free. Reorders
- * blocks[]. */
-void arena_free_blocks(void **blocks, size_t n, const fm_arena *home);
+ * its next refills of their classes to take, or its purge tick to free, and with
+ * hand_over_home those of home too. Reorders blocks[]. */
+void arena_free_blocks(void **blocks, size_t n, const fm_arena *home, bool hand_over_home);
 /* Bytes usable in the small block that starts at p, of class cls; 0 when p starts no block
  * of that class (an interior pointer, say). Takes no lock: it reads what does not change
  * while the block is allocated. */

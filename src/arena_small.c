@@ -50,7 +50,7 @@ unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigne
   arena->counters.refills++;
   arena->counters.blocks_refilled += handed;
   arena->counters.blocks_flushed += handed;
-  arena->counters.blocks_from_other_arenas += handed;
+  arena->counters.blocks_handed_over += handed;
   uint64_t spans_taken = arena->counters.spans_taken;
   size_t size = size_class_stride[cls];   /* distance between blocks */
   unsigned got = 0;
@@ -219,8 +219,9 @@ static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n) {
   return pending;
 }
 
-/* Small blocks that threads of other arenas freed wait in a box per class: an array of
- * their pointers, which the next refill of the class copies into its bin (under the
+/* Small blocks that threads of other arenas freed, and those that a thread of the arena
+ * freed without allocating their class (a consumer's, tcache.c's flush_free_only), wait in
+ * a box per class: an array of their pointers, which the next refill of the class copies into its bin (under the
  * arena's lock, which guards the boxes; the count of each is the arena's boxed[cls]). A
  * linked list would make that refill follow each link, one block's line at a time from
  * the freeing thread's cache; the array's lines come in together, and so do the blocks'
@@ -238,7 +239,7 @@ static handed_over_box *box_of(const fm_arena *arena, unsigned cls) {
 /* Frees n (> 0) handed-over blocks of the arena, under its lock. */
 static void free_unboxed_locked(fm_arena *arena, void **blocks, size_t n) {
   free_blocks_locked(arena, blocks, n);
-  arena->counters.blocks_from_other_arenas += n;
+  arena->counters.blocks_handed_over += n;
 }
 
 /* Hands the blocks of `arena` among blocks[0 .. n) over to it, under its lock: each,
@@ -312,19 +313,17 @@ static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **ou
 /* One pass per owning arena, under its lock: the blocks of another arena than the
  * thread's own are handed over to it (its refills take them as they are, and the flush
  * writes none of the bitmaps those refills read); those of its own are freed. */
-void arena_free_blocks(void **blocks, size_t n, const fm_arena *home) {
+void arena_free_blocks(void **blocks, size_t n, const fm_arena *home, bool hand_over_home) {
   bool threaded = lock_threaded();
   while (n) {
     fm_arena *arena = cached_block_span(blocks[0])->arena;
-    if (threaded && home && arena != home) {
+    if (threaded && home && (arena != home || hand_over_home)) {
       n = hand_over_blocks(arena, blocks, n, threaded);
       continue;
     }
     lock_take(&arena->lock, threaded);
-    size_t pending = free_blocks_locked(arena, blocks, n);
-    if (arena != home) arena->counters.blocks_from_other_arenas += n - pending;
+    n = free_blocks_locked(arena, blocks, n);
     arena_unlock_after_free(arena, threaded);
-    n = pending;
   }
 }
 

@@ -104,7 +104,7 @@ static void heap_read(heap *h) {
     to->blocks_refilled += from->blocks_refilled;
     to->flushes += from->flushes;
     to->blocks_flushed += from->blocks_flushed;
-    to->blocks_from_other_arenas += from->blocks_from_other_arenas;
+    to->blocks_handed_over += from->blocks_handed_over;
     to->page_blocks_taken += from->page_blocks_taken;
     to->page_blocks_given += from->page_blocks_given;
     to->span_blocks_taken += from->span_blocks_taken;
@@ -143,8 +143,8 @@ static void report(out *o, const heap *h) {
   put(o, " (");
   put_u64(o, c->blocks_flushed, 0);
   put(o, " blocks, ");
-  put_u64(o, c->blocks_from_other_arenas, 0);
-  put(o, " from other arenas' threads), purged ");
+  put_u64(o, c->blocks_handed_over, 0);
+  put(o, " handed over), purged ");
   put_u64(o, c->bytes_purged, 0);
   put(o, " bytes\n");
   put(o, "fastmalloc: page blocks taken ");

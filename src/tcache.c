@@ -167,7 +167,7 @@ static void flush_top(fm_tcache *tc, unsigned cls, int32_t n) {
   if (n <= 0) return;
   void **from = tc->top[cls] - n;
   bin_blocks_leave(from, (size_t)n, cls);
-  arena_free_blocks(from, (size_t)n, tc->arena);
+  arena_free_blocks(from, (size_t)n, tc->arena, false);
   bin_set_top(tc, cls, from);
 }
 
@@ -473,13 +473,18 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
 }
 
 /* Gives back every block of bin cls and of the other free-only bins, as far as they fit in
- * one batch: one arena_free_blocks call, so one lock per owning arena for all of them. */
+ * one batch: one arena_free_blocks call, so one lock per owning arena for all of them.
+ * Blocks of the thread's own arena are handed over to it, as other arenas' are, when it
+ * has other threads: one of them is likely the producer whose blocks this thread consumes,
+ * and its next refill takes them back as they are, not through the spans' bitmaps, which
+ * the two threads' cores would otherwise pass back and forth. */
 static void flush_free_only(fm_tcache *tc, unsigned cls) {
   void *batch[FM_FREE_ONLY_BATCH];
   size_t n = bin_move_all(tc, cls, batch, 0);
   for (uint64_t others = tc->free_only & ~((uint64_t)1 << cls); others; others &= others - 1)
     n = bin_move_all(tc, (unsigned)__builtin_ctzll(others), batch, n);
-  if (n) arena_free_blocks(batch, n, tc->arena);
+  bool shared = __atomic_load_n(&tc->arena->threads, __ATOMIC_RELAXED) > 1;
+  if (n) arena_free_blocks(batch, n, tc->arena, shared);
 }
 
 /* Free found the bin full. A bin this thread also allocates from grows, else gives half
@@ -517,7 +522,7 @@ static void flush_all(fm_tcache *tc) {
     end += count;
     bin_set_top(tc, cls, tc->low[cls]);
   }
-  if (end > start) arena_free_blocks(start, (size_t)(end - start), tc->arena);
+  if (end > start) arena_free_blocks(start, (size_t)(end - start), tc->arena, false);
 }
 
 /* Purges the pages of the (empty) bins' array from `from` up to the layout's end. */
@@ -700,7 +705,7 @@ static fm_noinline void free_slow(void *p, unsigned cls) {
   if (tcache_block_state(p, cls) == BLOCK_FREE) diag_fatal(DIAG_DOUBLE_FREE, p);
   if (fm_unlikely(tc->state == FM_TCACHE_DEAD || foreign)) {
     mark_set(p, (const void *)FM_FREED_MARK);
-    arena_free_blocks(&p, 1, tc->arena);   /* (NULL when dead) */
+    arena_free_blocks(&p, 1, tc->arena, false);   /* (NULL when dead) */
     return;
   }
   idle_sweep(tc);

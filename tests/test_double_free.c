@@ -1,6 +1,7 @@
 /* Double frees, each in a forked child: of a block on top of its bin, in its middle, at its
  * bottom, after the block went back to its span, across threads, while handed over to its
- * arena, of page blocks and large blocks. The child then allocates until fastmalloc
+ * arena (by a thread of another arena, or by one of its own that only frees), of page
+ * blocks and large blocks. The child then allocates until fastmalloc
  * reports the duplicate (every pointer it gets at most once: a second would be two owners
  * of one block), and must die of SIGABRT with one line naming the pointer. */
 #include "fm_test.h"
@@ -202,6 +203,34 @@ static void twice_while_boxed(void *arg) {
   after_double_free((uintptr_t)arg);
 }
 
+/* A thread that only frees (a consumer) frees a block main made, then enough others of its
+ * class to overflow its bin: they wait in the box of their class in main's arena, whether
+ * the thread has an arena of its own or shares main's (FASTMALLOC_ARENAS=1). Main frees
+ * the block again: its bin hands it out, and the refill that then takes the box's copy
+ * must not hand it out a second time. */
+enum { CONSUMED = 64 };
+
+static void *free_as_consumer(void *arg) {
+  void **blocks = arg;
+  free(blocks[1]);   /* (a thread's first free goes to the block's span, not its bin) */
+  free(blocks[0]);
+  for (unsigned i = 2; i <= CONSUMED; i++) free(blocks[i]);
+  return NULL;
+}
+
+static void twice_while_boxed_by_consumer(void *arg) {
+  size_t n = (uintptr_t)arg;
+  void *blocks[CONSUMED + 1];
+  blocks[0] = marked(n);
+  for (unsigned i = 1; i <= CONSUMED; i++)
+    if (!(blocks[i] = malloc(n))) child_fails("malloc failed");
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_as_consumer, blocks) != 0) child_fails("thread");
+  pthread_join(thread, NULL);
+  free(fmt_launder(blocks[0]));
+  after_double_free(n);
+}
+
 static const char *const reports[] = {"free(): double free detected",
                                       "double free or corruption of a free block"};
 
@@ -275,6 +304,9 @@ static void test_twice_while_handed_over(void **state) {
   for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
     expect_double_free_report(twice_while_boxed, in_bins[i],
                               "freed again while handed over to its arena");
+  for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
+    expect_double_free_report(twice_while_boxed_by_consumer, in_bins[i],
+                              "freed again while a consumer's flush holds it in a box");
 }
 
 int main(void) {
