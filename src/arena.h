@@ -58,9 +58,9 @@ typedef struct fm_arena {
   arena_counters counters;
   /* Live threads dealt the arena (thread.c, under the registry's lock; others read it). */
   uint32_t threads;
-  /* The small blocks that threads of other arenas freed, in a box per class, how many in
-   * each (arena_small.c: under the lock). A refill of the class takes them, a purge tick
-   * frees them. */
+  /* The small blocks handed over to the arena (by threads of other arenas, or by a consumer
+   * of its own), in a box per class, how many in each (arena_small.c: under the lock). A
+   * refill of the class takes them, a purge tick frees them. */
   uint8_t boxed[FM_NUM_SPAN_CLASSES + 1];
   /* The page blocks that threads of other arenas freed, linked through their first word:
    * the arena frees them under its lock (arena_pages.c). A line of its own: those threads
@@ -87,8 +87,8 @@ void arena_tick_all(void);
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;
  * returns got, 0 when out of memory. First, bottom of a thread cache's bin, come the blocks
- * of the class that threads of other arenas handed over, straight from their box, up to
- * `room` (>= want): the blocks a consumer freed go back to its producer's bin. Then, from
+ * of the class handed over to the arena, straight from their box, up to `room` (>= want),
+ * with FM_BLOCK_BOXED added: the blocks a consumer freed go back to its producer's bin. Then, from
  * the spans, the lowest block last: the bin, a stack, hands them out in address order, so
  * the nodes a program allocates one after the other lie upward in memory, as its later
  * walks over them go. A block that was handed out before in its span's life went back
@@ -101,6 +101,8 @@ void arena_tick_all(void);
  * took_span is not NULL) says whether the batch took a span from the chunks: a new one,
  * not one its class kept. */
 #define FM_BLOCK_FRESH 1
+/* A block from the arena's box comes with FM_BLOCK_BOXED added: it carries FM_BOXED_MARK. */
+#define FM_BLOCK_BOXED 2
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
                            bool *zeroed, bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

@@ -78,8 +78,8 @@ static inline void handed_over_push(void **list, void *first, void *last) {
                                       __ATOMIC_RELAXED));
 }
 
-/* Free the small blocks (arena_small.c) and the page blocks (arena_pages.c) that threads
- * of other arenas handed over. */
+/* Free the small blocks (arena_small.c) and the page blocks (arena_pages.c) handed over to
+ * the arena. */
 void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
 

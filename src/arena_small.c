@@ -219,9 +219,10 @@ static size_t free_blocks_locked(fm_arena *arena, void **blocks, size_t n) {
   return pending;
 }
 
-/* Small blocks that threads of other arenas freed, and those that a thread of the arena
- * freed without allocating their class (a consumer's, tcache.c's flush_free_only), wait in
- * a box per class: an array of their pointers, which the next refill of the class copies into its bin (under the
+/* Small blocks that threads of other arenas freed, and those that a consumer among the
+ * arena's own threads freed (tcache.c's flush_free_only), wait in a box per class: an
+ * array of their pointers, each with FM_BLOCK_BOXED added (the block carries
+ * FM_BOXED_MARK, bin.h), which the next refill of the class copies into its bin (under the
  * arena's lock, which guards the boxes; the count of each is the arena's boxed[cls]). A
  * linked list would make that refill follow each link, one block's line at a time from
  * the freeing thread's cache; the array's lines come in together, and so do the blocks'
@@ -277,7 +278,8 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool th
     uint32_t index;
     if (fm_unlikely(!block_at(offset, magic, size, &index))) diag_fatal(DIAG_INVALID_FREE, p);
     if (fm_likely(arena->boxed[box_cls] < box_room[box_cls])) {
-      box[arena->boxed[box_cls]++] = p;
+      mark_set(p, (const void *)FM_BOXED_MARK);
+      box[arena->boxed[box_cls]++] = (char *)p + FM_BLOCK_BOXED;
       continue;
     }
     full[unboxed++] = p;
@@ -291,11 +293,21 @@ static size_t hand_over_blocks(fm_arena *arena, void **blocks, size_t n, bool th
   return pending;
 }
 
-/* Frees the blocks in the arena's boxes, under its lock. */
+/* Frees the blocks in the arena's boxes, under its lock: each still carries the box's mark
+ * (bin.h), which the spans' refills would not accept, and leaves with FM_FREED_MARK. */
 void arena_free_handed_over_blocks(fm_arena *arena) {
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    if (!arena->boxed[cls]) continue;
-    free_unboxed_locked(arena, box_of(arena, cls)->blocks, arena->boxed[cls]);
+    unsigned n = arena->boxed[cls];
+    if (!n) continue;
+    void **blocks = box_of(arena, cls)->blocks;
+    for (unsigned i = 0; i < n; i++) {
+      void *p = (char *)blocks[i] - FM_BLOCK_BOXED;
+      if (FM_FREE_MARK && ((const uintptr_t *)p)[1] != FM_BOXED_MARK)
+        diag_fatal(DIAG_FREE_BLOCK_CORRUPTED, p);
+      mark_set(p, (const void *)FM_FREED_MARK);
+      blocks[i] = p;
+    }
+    free_unboxed_locked(arena, blocks, n);
     arena->boxed[cls] = 0;
   }
 }
@@ -312,7 +324,8 @@ static unsigned handed_over_take_locked(fm_arena *arena, unsigned cls, void **ou
 
 /* One pass per owning arena, under its lock: the blocks of another arena than the
  * thread's own are handed over to it (its refills take them as they are, and the flush
- * writes none of the bitmaps those refills read); those of its own are freed. */
+ * writes none of the bitmaps those refills read); those of its own are freed, or with
+ * hand_over_home handed over too. */
 void arena_free_blocks(void **blocks, size_t n, const fm_arena *home, bool hand_over_home) {
   bool threaded = lock_threaded();
   while (n) {

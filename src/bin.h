@@ -12,7 +12,11 @@
  *   them), carrying FM_FREED_MARK instead, and a refill that takes a block handed out
  *   before checks it still carries that, or zero if its page was purged (bin_refilled):
  *   so a block freed again after its first free reached the span is caught when the span
- *   would hand it out twice.
+ *   would hand it out twice;
+ * - a block handed over to its arena waits in a box (arena_small.c) carrying
+ *   FM_BOXED_MARK, which the refill that takes it from there requires, zero not accepted
+ *   (its page is never purged): a box's block is free but its span counts it used, so
+ *   nothing else would catch a second free of it, whose mark any such free rewrites.
  * Free itself compares nothing: free(p); free(p) is reported by the second malloc of the
  * class (the first hands p out from the upper slot, the second finds its mark naming it).
  * No block is ever handed out twice, and every double free is reported, at the latest
@@ -26,6 +30,8 @@
 /* A page block handed to its arena by another arena's thread (arena_hand_over_page_block);
  * differs from FM_FREED_MARK in bit 1 alone. */
 #define FM_HANDED_OVER_MARK (diag_key ^ 2)
+/* A small block in its arena's box; differs from FM_FREED_MARK in bit 2 alone. */
+#define FM_BOXED_MARK (diag_key ^ 4)
 
 /* The sentinel block: its second word, 0, names no slot. */
 extern fm_hidden const uintptr_t bin_sentinel[2];
@@ -50,10 +56,13 @@ void bin_popped_check(void *p, void **slot);
  * (above); a fresh one is not checked. */
 fm_noinline void bin_mark_mismatch(void *p);
 static inline void *bin_refilled(void *tagged) {
-  uintptr_t p = (uintptr_t)tagged & ~(uintptr_t)1;   /* (FM_BLOCK_FRESH, arena.h) */
-  if (FM_FREE_MARK && fm_likely((uintptr_t)tagged == p)) {
+  /* (FM_BLOCK_FRESH and FM_BLOCK_BOXED, arena.h) */
+  uintptr_t t = (uintptr_t)tagged, p = t & ~(uintptr_t)3;
+  if (FM_FREE_MARK && fm_likely(!(t & 1))) {
+    bool boxed = t & 2;
     uintptr_t mark = ((const uintptr_t *)p)[1];
-    if (mark != FM_FREED_MARK && mark != 0) bin_mark_mismatch((void *)p);
+    if (mark != (boxed ? FM_BOXED_MARK : FM_FREED_MARK) && (mark != 0 || boxed))
+      bin_mark_mismatch((void *)p);
   }
   return (void *)p;
 }

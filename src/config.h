@@ -137,9 +137,9 @@
 #define FM_FREE_ONLY_BIN_BYTES 4096
 #define FM_FREE_ONLY_MIN_BLOCKS 8
 #define FM_FREE_ONLY_BATCH 256
-/* An arena's box of small blocks of one class that threads of other arenas freed holds
- * at most 128 (1 KiB of pointers) and 32 KiB of blocks (at least one); what does not fit
- * goes back to the spans. */
+/* An arena's box of the small blocks of one class handed over to it holds at most 128
+ * (1 KiB of pointers) and 32 KiB of blocks (at least one); what does not fit goes back to
+ * the spans. */
 #define FM_HANDED_OVER_BOX 128
 #define FM_HANDED_OVER_BOX_BYTES ((size_t)32 << 10)
 /* The idle sweep runs every 256 slow-path visits, and after each purge tick. */

@@ -395,7 +395,7 @@ static void release_freed_blocks(fm_tcache *tc, unsigned growing) {
 }
 
 static uintptr_t untagged(const void *block) {
-  return (uintptr_t)block & ~(uintptr_t)FM_BLOCK_FRESH;
+  return (uintptr_t)block & ~(uintptr_t)(FM_BLOCK_FRESH | FM_BLOCK_BOXED);
 }
 
 /* Whether refill blocks low[0 .. got) (highest first, tagged) hold every block that shares
@@ -450,6 +450,7 @@ static bool refill(fm_tcache *tc, unsigned cls, bool *zeroed) {
   if (!got) return false;
   tc->activity[cls] |= BIN_REFILLED;
   tc->free_only &= ~((uint64_t)1 << cls);
+  tc->ever_refilled |= (uint64_t)1 << cls;
   if (took_span) release_freed_blocks(tc, cls);   /* (bin cls and its new blocks stay put) */
   if (zeroed && *zeroed) return true;   /* (a block never handed out, untagged: no mark) */
   top_in_own_line(low, got, cls);
@@ -474,17 +475,23 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
 
 /* Gives back every block of bin cls and of the other free-only bins, as far as they fit in
  * one batch: one arena_free_blocks call, so one lock per owning arena for all of them.
- * Blocks of the thread's own arena are handed over to it, as other arenas' are, when it
- * has other threads: one of them is likely the producer whose blocks this thread consumes,
- * and its next refill takes them back as they are, not through the spans' bitmaps, which
- * the two threads' cores would otherwise pass back and forth. */
+ * When the thread never allocated from any of those bins and shares its arena, it is the
+ * consumer of another thread of the arena, most likely: the blocks of its own arena are
+ * handed over to it then, as other arenas' are, so the producer's next refill takes them
+ * back as they are, not through the spans' bitmaps, which the two threads' cores would
+ * otherwise pass back and forth. */
 static void flush_free_only(fm_tcache *tc, unsigned cls) {
   void *batch[FM_FREE_ONLY_BATCH];
+  uint64_t flushed = (uint64_t)1 << cls;
   size_t n = bin_move_all(tc, cls, batch, 0);
-  for (uint64_t others = tc->free_only & ~((uint64_t)1 << cls); others; others &= others - 1)
+  for (uint64_t others = tc->free_only & ~flushed; others; others &= others - 1) {
+    size_t before = n;
     n = bin_move_all(tc, (unsigned)__builtin_ctzll(others), batch, n);
-  bool shared = __atomic_load_n(&tc->arena->threads, __ATOMIC_RELAXED) > 1;
-  if (n) arena_free_blocks(batch, n, tc->arena, shared);
+    if (n != before) flushed |= others & -others;
+  }
+  bool consumer = !(flushed & tc->ever_refilled) &&
+                  __atomic_load_n(&tc->arena->threads, __ATOMIC_RELAXED) > 1;
+  if (n) arena_free_blocks(batch, n, tc->arena, consumer);
 }
 
 /* Free found the bin full. A bin this thread also allocates from grows, else gives half
@@ -652,7 +659,9 @@ void *tcache_malloc_pages(size_t size) {
 fm_block_state tcache_block_state(void *p, unsigned cls) {
   if (!FM_FREE_MARK) return BLOCK_LIVE;
   void **mark = ((void **const *)p)[1];
-  if ((uintptr_t)mark == FM_FREED_MARK) return arena_small_is_free(p) ? BLOCK_FREE : BLOCK_LIVE;
+  /* (a block in its span, or in its arena's box: the arena drains its boxes first) */
+  if (((uintptr_t)mark | 4) == (FM_FREED_MARK | 4))
+    return arena_small_is_free(p) ? BLOCK_FREE : BLOCK_LIVE;
   if ((uintptr_t)mark & (sizeof(void *) - 1)) return BLOCK_LIVE;   /* no slot's address */
   fm_tcache *tc = &tcache_tls;
   if (tc->state == FM_TCACHE_LIVE && mark >= tc->bins->slots && mark < tc->layout_end)

@@ -32,6 +32,7 @@ typedef struct fm_tcache {
   int32_t limit[FM_BINS];
   uint8_t activity[FM_BINS]; /* BIN_REFILLED | BIN_OVERFLOWED since the last idle sweep */
   uint64_t free_only;        /* bit cls: bin cls overflowed, never refilled, since then */
+  uint64_t ever_refilled;    /* bit cls: bin cls was refilled in the thread's life */
   uint8_t state;             /* FM_TCACHE_BOOT, _LIVE or _DEAD */
   fm_arena *arena;
   fm_bins_array *bins;       /* room for every bin at its largest limit */

@@ -231,6 +231,48 @@ static void twice_while_boxed_by_consumer(void *arg) {
   after_double_free(n);
 }
 
+/* The consumer frees the block twice, each time followed by enough others of its class to
+ * overflow its bin: both copies wait in the box. A new thread's refills (with one arena,
+ * from that box) take them one at a time, as a refill takes the box's last blocks first,
+ * up to its bin's limit, small in a new thread; calloc zeroes the first copy it hands
+ * out, mark included: the refill that takes the second must not take it for a block whose
+ * page was purged. (With two arenas the new thread has the other one: the trim finds the
+ * copies.) */
+static void *free_twice_as_consumer(void *arg) {
+  void **blocks = arg;
+  free(blocks[1]);
+  free(blocks[0]);
+  for (unsigned i = 2; i <= CONSUMED; i++) free(blocks[i]);
+  free(fmt_launder(blocks[0]));
+  for (unsigned i = CONSUMED + 1; i <= 2 * CONSUMED; i++) free(blocks[i]);
+  return NULL;
+}
+
+static void *calloc_until_report(void *arg) {
+  for (unsigned i = 0; i < MALLOCS_MOST; i++) {
+    void *q = calloc(1, (uintptr_t)arg);
+    if (!q) child_fails("calloc failed");
+    seen_add(q);
+  }
+  return NULL;
+}
+
+static void twice_boxed_by_consumer(void *arg) {
+  size_t n = (uintptr_t)arg;
+  void *blocks[2 * CONSUMED + 1];
+  blocks[0] = marked(n);
+  for (unsigned i = 1; i <= 2 * CONSUMED; i++)
+    if (!(blocks[i] = malloc(n))) child_fails("malloc failed");
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, free_twice_as_consumer, blocks) != 0) child_fails("thread");
+  pthread_join(thread, NULL);
+  if (!FM_FREE_MARK) malloc_trim(0);
+  if (pthread_create(&thread, NULL, calloc_until_report, arg) != 0) child_fails("thread");
+  pthread_join(thread, NULL);
+  malloc_trim(0);
+  child_fails("no report");
+}
+
 static const char *const reports[] = {"free(): double free detected",
                                       "double free or corruption of a free block"};
 
@@ -307,6 +349,9 @@ static void test_twice_while_handed_over(void **state) {
   for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
     expect_double_free_report(twice_while_boxed_by_consumer, in_bins[i],
                               "freed again while a consumer's flush holds it in a box");
+  for (unsigned i = 0; i < sizeof in_bins / sizeof *in_bins; i++)
+    expect_double_free_report(twice_boxed_by_consumer, in_bins[i],
+                              "freed twice by a consumer, both copies boxed");
 }
 
 int main(void) {

@@ -167,11 +167,6 @@ static void *grower(void *arg) {
 static void *new_thread_grows(void *arg) { return (void *)(uintptr_t)fmt_grow_cache(); }
 
 static void child_grows_cache(void *arg) {
-  /* Blocks that the parent's threads left in their arenas' boxes (arena_small.c) would go
-   * to the new thread's first refills, on top of what those bring from the spans: its bins
-   * would then overflow at the end of a round and give half their blocks back, however far
-   * they may grow. The trim frees them first. */
-  malloc_trim(0);
   pthread_t t;
   void *held;
   if (pthread_create(&t, NULL, new_thread_grows, NULL) || pthread_join(t, &held)) _exit(2);
