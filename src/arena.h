@@ -88,10 +88,10 @@ void arena_tick_all(void);
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;
  * returns got, 0 when out of memory. First, bottom of a thread cache's bin, come the blocks
  * of the class handed over to the arena, straight from their box, up to `room` (>= want),
- * with FM_BLOCK_BOXED added: the blocks a consumer freed go back to its producer's bin. Then, from
- * the spans, the lowest block last: the bin, a stack, hands them out in address order, so
- * the nodes a program allocates one after the other lie upward in memory, as its later
- * walks over them go. A block that was handed out before in its span's life went back
+ * with FM_BLOCK_BOXED added: the blocks a consumer freed go back to its producer's bin.
+ * Then, from the spans, the lowest block last: the bin, a stack, hands them out in
+ * address order, so the nodes a program allocates one after the other lie upward in
+ * memory, as its later walks over them go. A block that was handed out before in its span's life went back
  * through a path that wrote FM_FREED_MARK into its second word (or its page was purged
  * since, and it reads zero), and the caller checks that nothing wrote there since
  * (bin.h); one never handed out may hold anything (the span's units may have served

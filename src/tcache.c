@@ -319,8 +319,8 @@ static void idle_sweep(fm_tcache *tc) {
  * bypass the bins, but their slow paths read the clock and sweep after a tick all the
  * same (page blocks' mallocs and frees, every FM_TICK_PAGE_FREES of them): a thread that
  * goes on with such blocks only, after freeing a heap, still lets its bins' blocks (and
- * so the spans they pin) go. (Not every FM_SWEEP_MISSES of them: a program busy with large blocks would
- * sweep bins it keeps using.) */
+ * so the spans they pin) go. (Not every FM_SWEEP_MISSES of them: a program busy with
+ * large blocks would sweep bins it keeps using.) */
 static void large_path_sweep(void) {
   fm_tcache *tc = &tcache_tls;
   if (tc->state == FM_TCACHE_LIVE) sweep_if_ticked(tc);
@@ -482,15 +482,12 @@ static size_t bin_move_all(fm_tcache *tc, unsigned cls, void **batch, size_t n) 
  * otherwise pass back and forth. */
 static void flush_free_only(fm_tcache *tc, unsigned cls) {
   void *batch[FM_FREE_ONLY_BATCH];
-  uint64_t flushed = (uint64_t)1 << cls;
-  size_t n = bin_move_all(tc, cls, batch, 0);
-  for (uint64_t others = tc->free_only & ~flushed; others; others &= others - 1) {
-    size_t before = n;
-    n = bin_move_all(tc, (unsigned)__builtin_ctzll(others), batch, n);
-    if (n != before) flushed |= others & -others;
-  }
-  bool consumer = !(flushed & tc->ever_refilled) &&
+  uint64_t bins = tc->free_only | (uint64_t)1 << cls;
+  bool consumer = !(bins & tc->ever_refilled) &&
                   __atomic_load_n(&tc->arena->threads, __ATOMIC_RELAXED) > 1;
+  size_t n = bin_move_all(tc, cls, batch, 0);
+  for (uint64_t others = bins & ~((uint64_t)1 << cls); others; others &= others - 1)
+    n = bin_move_all(tc, (unsigned)__builtin_ctzll(others), batch, n);
   if (n) arena_free_blocks(batch, n, tc->arena, consumer);
 }
 

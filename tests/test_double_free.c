@@ -203,51 +203,53 @@ static void twice_while_boxed(void *arg) {
   after_double_free((uintptr_t)arg);
 }
 
-/* A thread that only frees (a consumer) frees a block main made, then enough others of its
- * class to overflow its bin: they wait in the box of their class in main's arena, whether
- * the thread has an arena of its own or shares main's (FASTMALLOC_ARENAS=1). Main frees
- * the block again: its bin hands it out, and the refill that then takes the box's copy
- * must not hand it out a second time. */
+/* A thread that only frees (a consumer) frees blocks of n bytes main made: blocks[1] first
+ * (a thread's first free goes to the block's span, not its bin), then the marked block,
+ * blocks[0], then enough others to overflow its bin, so that they wait in the box of their
+ * class in main's arena, whether the thread has an arena of its own or shares main's
+ * (FASTMALLOC_ARENAS=1). With twice, it frees the marked block again, and as many others
+ * again: both copies wait in the box. */
 enum { CONSUMED = 64 };
 
-static void *free_as_consumer(void *arg) {
-  void **blocks = arg;
-  free(blocks[1]);   /* (a thread's first free goes to the block's span, not its bin) */
-  free(blocks[0]);
-  for (unsigned i = 2; i <= CONSUMED; i++) free(blocks[i]);
+typedef struct {
+  void *blocks[2 * CONSUMED + 1];
+  bool twice;
+} consumer_job;
+
+static void *consume(void *arg) {
+  consumer_job *job = arg;
+  free(job->blocks[1]);
+  free(job->blocks[0]);
+  for (unsigned i = 2; i <= CONSUMED; i++) free(job->blocks[i]);
+  if (!job->twice) return NULL;
+  free(fmt_launder(job->blocks[0]));
+  for (unsigned i = CONSUMED + 1; i <= 2 * CONSUMED; i++) free(job->blocks[i]);
   return NULL;
 }
 
-static void twice_while_boxed_by_consumer(void *arg) {
-  size_t n = (uintptr_t)arg;
-  void *blocks[CONSUMED + 1];
-  blocks[0] = marked(n);
-  for (unsigned i = 1; i <= CONSUMED; i++)
-    if (!(blocks[i] = malloc(n))) child_fails("malloc failed");
+static void consumer_frees(size_t n, bool twice) {
+  consumer_job job = {.twice = twice};
+  job.blocks[0] = marked(n);
+  for (unsigned i = 1; i <= (twice ? 2 : 1) * CONSUMED; i++)
+    if (!(job.blocks[i] = malloc(n))) child_fails("malloc failed");
   pthread_t thread;
-  if (pthread_create(&thread, NULL, free_as_consumer, blocks) != 0) child_fails("thread");
+  if (pthread_create(&thread, NULL, consume, &job) != 0) child_fails("thread");
   pthread_join(thread, NULL);
-  free(fmt_launder(blocks[0]));
-  after_double_free(n);
 }
 
-/* The consumer frees the block twice, each time followed by enough others of its class to
- * overflow its bin: both copies wait in the box. A new thread's refills (with one arena,
- * from that box) take them one at a time, as a refill takes the box's last blocks first,
- * up to its bin's limit, small in a new thread; calloc zeroes the first copy it hands
- * out, mark included: the refill that takes the second must not take it for a block whose
- * page was purged. (With two arenas the new thread has the other one: the trim finds the
- * copies.) */
-static void *free_twice_as_consumer(void *arg) {
-  void **blocks = arg;
-  free(blocks[1]);
-  free(blocks[0]);
-  for (unsigned i = 2; i <= CONSUMED; i++) free(blocks[i]);
-  free(fmt_launder(blocks[0]));
-  for (unsigned i = CONSUMED + 1; i <= 2 * CONSUMED; i++) free(blocks[i]);
-  return NULL;
+/* Main frees the consumer's boxed block again: its bin hands it out, and the refill that
+ * then takes the box's copy must not hand it out a second time. */
+static void twice_while_boxed_by_consumer(void *arg) {
+  consumer_frees((uintptr_t)arg, false);
+  free(fmt_launder((void *)result->freed_twice));
+  after_double_free((uintptr_t)arg);
 }
 
+/* Both copies in the box: a new thread's refills (with one arena, from that box) take them
+ * one at a time, as a refill takes the box's last blocks first, up to its bin's limit,
+ * small in a new thread; calloc zeroes the first copy it hands out, mark included: the
+ * refill that takes the second must not take it for a block whose page was purged. (With
+ * two arenas the new thread has the other one: the trim finds the copies.) */
 static void *calloc_until_report(void *arg) {
   for (unsigned i = 0; i < MALLOCS_MOST; i++) {
     void *q = calloc(1, (uintptr_t)arg);
@@ -258,15 +260,9 @@ static void *calloc_until_report(void *arg) {
 }
 
 static void twice_boxed_by_consumer(void *arg) {
-  size_t n = (uintptr_t)arg;
-  void *blocks[2 * CONSUMED + 1];
-  blocks[0] = marked(n);
-  for (unsigned i = 1; i <= 2 * CONSUMED; i++)
-    if (!(blocks[i] = malloc(n))) child_fails("malloc failed");
-  pthread_t thread;
-  if (pthread_create(&thread, NULL, free_twice_as_consumer, blocks) != 0) child_fails("thread");
-  pthread_join(thread, NULL);
+  consumer_frees((uintptr_t)arg, true);
   if (!FM_FREE_MARK) malloc_trim(0);
+  pthread_t thread;
   if (pthread_create(&thread, NULL, calloc_until_report, arg) != 0) child_fails("thread");
   pthread_join(thread, NULL);
   malloc_trim(0);
