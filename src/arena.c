@@ -372,6 +372,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   size_t released = 0;
   arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
+  arena_page_span_spare_to_kept(arena);
   unsigned keep = all ? 0 : arena_demand_at_tick(arena);   /* units the tick leaves resident */
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {

@@ -31,6 +31,7 @@ typedef struct fm_arena {
    * longest is n pages (1 .. 15); bit n of page_span_runs says it holds one. */
   fm_span *page_spans[FM_PAGES_PER_UNIT];
   uint32_t page_span_runs;
+  fm_span *spare_page_span;   /* an empty page span at hand (page_span_relist), or NULL */
   uint32_t page_frees;     /* frees of page blocks, for the purge tick's clock */
   /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_BLOCK: freed span
    * blocks, so a malloc/free loop of them does not churn through the chunks;

@@ -82,6 +82,9 @@ static inline void handed_over_push(void **list, void *first, void *last) {
  * the arena. */
 void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
+/* Moves the arena's spare empty page span (page_span_relist) to the kept spans, where it
+ * ages and is purged as they are. */
+void arena_page_span_spare_to_kept(fm_arena *arena);
 
 /* Purge the free pages inside a partly used span (malloc_trim); return their bytes. */
 size_t arena_small_span_purge(fm_span *span);
