@@ -87,23 +87,20 @@ void arena_tick_all(void);
 /* ---- small blocks (arena_small.c) ---- */
 
 /* Takes up to `want` blocks of class cls into out[0 .. got), writing nothing into them;
- * returns got, 0 when out of memory. First, bottom of a thread cache's bin, come the blocks
- * of the class handed over to the arena, straight from their box, up to `room` (>= want),
- * with FM_BLOCK_BOXED added: the blocks a consumer freed go back to its producer's bin.
- * Then, from the spans, the lowest block last: the bin, a stack, hands them out in
- * address order, so the nodes a program allocates one after the other lie upward in
- * memory, as its later walks over them go. A block that was handed out before in its span's life went back
- * through a path that wrote FM_FREED_MARK into its second word (or its page was purged
- * since, and it reads zero), and the caller checks that nothing wrote there since
- * (bin.h); one never handed out may hold anything (the span's units may have served
- * another class), and comes with FM_BLOCK_FRESH added to its address. With zeroed (for
- * calloc), when the first block reads zero (it was not handed out since its span's units
- * were zero), it is the only one taken, untagged, and *zeroed is set. *took_span (when
- * took_span is not NULL) says whether the batch took a span from the chunks: a new one,
- * not one its class kept. */
-#define FM_BLOCK_FRESH 1
-/* A block from the arena's box comes with FM_BLOCK_BOXED added: it carries FM_BOXED_MARK. */
-#define FM_BLOCK_BOXED 2
+ * returns got, 0 when out of memory. First, bottom of a thread cache's bin, come the
+ * blocks of the class handed over to the arena, straight from their box, up to `room`
+ * (>= want), with FM_BLOCK_BOXED added: the blocks a consumer freed go back to its
+ * producer's bin. Then, from the spans, the lowest block last: the bin, a stack, hands
+ * them out in address order, so the nodes a program allocates one after the other lie
+ * upward in memory, as its later walks over them go. A block that was handed out before in its
+ * span's life went back through a path that wrote FM_FREED_MARK into its second word (or
+ * its page was purged since, and it reads zero), and the caller checks that nothing wrote
+ * there since (bin.h); one never handed out may hold anything (the span's units may have
+ * served another class), and comes with FM_BLOCK_FRESH (bin.h) added to its address. With
+ * zeroed (for calloc), when the first block reads zero (it was not handed out since its
+ * span's units were zero), it is the only one taken, untagged, and *zeroed is set.
+ * *took_span (when took_span is not NULL) says whether the batch took a span from the
+ * chunks: a new one, not one its class kept. */
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
                            bool *zeroed, bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

@@ -33,6 +33,12 @@
 /* A small block in its arena's box; differs from FM_FREED_MARK in bit 2 alone. */
 #define FM_BOXED_MARK (diag_key ^ 4)
 
+/* Tags arena_alloc_batch adds to the addresses it hands a refill (arena.h): a block never
+ * handed out in its span's life, which may hold anything, and a block from its arena's
+ * box, which carries FM_BOXED_MARK. */
+#define FM_BLOCK_FRESH 1
+#define FM_BLOCK_BOXED 2
+
 /* The sentinel block: its second word, 0, names no slot. */
 extern fm_hidden const uintptr_t bin_sentinel[2];
 
@@ -56,10 +62,9 @@ void bin_popped_check(void *p, void **slot);
  * (above); a fresh one is not checked. */
 fm_noinline void bin_mark_mismatch(void *p);
 static inline void *bin_refilled(void *tagged) {
-  /* (FM_BLOCK_FRESH and FM_BLOCK_BOXED, arena.h) */
-  uintptr_t t = (uintptr_t)tagged, p = t & ~(uintptr_t)3;
-  if (FM_FREE_MARK && fm_likely(!(t & 1))) {
-    bool boxed = t & 2;
+  uintptr_t t = (uintptr_t)tagged, p = t & ~(uintptr_t)(FM_BLOCK_FRESH | FM_BLOCK_BOXED);
+  if (FM_FREE_MARK && fm_likely(!(t & FM_BLOCK_FRESH))) {
+    bool boxed = t & FM_BLOCK_BOXED;
     uintptr_t mark = ((const uintptr_t *)p)[1];
     if (mark != (boxed ? FM_BOXED_MARK : FM_FREED_MARK) && (mark != 0 || boxed))
       bin_mark_mismatch((void *)p);
