@@ -189,9 +189,9 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
 
 /* Memory already resident first, so the heap grows its RSS only when it must: free units
  * still resident, then the empty spans other classes keep, one at a time, then untouched
- * or purged units, then empty page spans, then a new chunk. (Empty page spans wait for
- * page blocks: so a page block freed twice finds its page free, not a block of another
- * class.) */
+ * or purged units, then empty page spans, then the spares (arena.h: each class's next
+ * spans would come from them), then a new chunk. (Empty page spans wait for page blocks:
+ * so a page block freed twice finds its page free, not a block of another class.) */
 static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   fm_span *span = arena_find_span(arena, units, cls, true);
   while (!span && arena_give_back_kept_span(arena, units, false))
@@ -200,6 +200,8 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   while (!span && arena_give_back_kept_span(arena, units, true))
     span = arena_find_span(arena, units, cls, false);
   if (span) return span;
+  if (arena_small_spares_to_kept(arena, true) | arena_page_span_spare_to_kept(arena))
+    return arena_take_span(arena, units, cls);
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
   LIST_INSERT_BY_ADDRESS(&arena->chunks, chunk);
@@ -372,6 +374,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   size_t released = 0;
   arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
+  arena_small_spares_to_kept(arena, true);
   arena_page_span_spare_to_kept(arena);
   unsigned keep = all ? 0 : arena_demand_at_tick(arena);   /* units the tick leaves resident */
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {

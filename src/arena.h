@@ -27,11 +27,15 @@ typedef struct arena_counters {
 typedef struct fm_arena {
   lock_t lock;
   fm_span *partial[FM_NUM_SPAN_CLASSES + 1];   /* spans with a free block, per class */
+  /* Per class, a span that emptied and stays on its partial list (span_flush_done), or
+   * NULL; spare_page_span is the page spans' one. Spares go to the kept spans at the
+   * next purge tick, and before the arena maps a new chunk. */
+  fm_span *spare_span[FM_NUM_SPAN_CLASSES + 1];
   /* Partly used page spans by their longest free run: page_spans[n] holds those whose
    * longest is n pages (1 .. 15); bit n of page_span_runs says it holds one. */
   fm_span *page_spans[FM_PAGES_PER_UNIT];
   uint32_t page_span_runs;
-  fm_span *spare_page_span;   /* an empty page span at hand (page_span_relist), or NULL */
+  fm_span *spare_page_span;   /* an empty page span off the lists (page_span_relist) */
   uint32_t page_frees;     /* frees of page blocks, for the purge tick's clock */
   /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_BLOCK: freed span
    * blocks, so a malloc/free loop of them does not churn through the chunks;

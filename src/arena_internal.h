@@ -82,9 +82,11 @@ static inline void handed_over_push(void **list, void *first, void *last) {
  * the arena. */
 void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
-/* Moves the arena's spare empty page span (page_span_relist) to the kept spans, where it
- * ages and is purged as they are. */
-void arena_page_span_spare_to_kept(fm_arena *arena);
+/* Move the arena's spare empty spans (arena.h) to the kept spans, where they age and are
+ * purged, or serve another class, as those do: every small class's, or (all false) one;
+ * the page spans' one. Return whether they moved one. */
+bool arena_small_spares_to_kept(fm_arena *arena, bool all);
+bool arena_page_span_spare_to_kept(fm_arena *arena);
 
 /* Purge the free pages inside a partly used span (malloc_trim); return their bytes. */
 size_t arena_small_span_purge(fm_span *span);

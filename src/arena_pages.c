@@ -127,11 +127,12 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
   return p;
 }
 
-void arena_page_span_spare_to_kept(fm_arena *arena) {
+bool arena_page_span_spare_to_kept(fm_arena *arena) {
   fm_span *span = arena->spare_page_span;
-  if (!span) return;
+  if (!span) return false;
   arena->spare_page_span = NULL;
   arena_span_emptied(arena, span);
+  return true;
 }
 
 /* Frees page block p of span, whose arena's lock the caller holds; returns 1, or 0 for a
