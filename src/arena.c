@@ -200,7 +200,7 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   while (!span && arena_give_back_kept_span(arena, units, true))
     span = arena_find_span(arena, units, cls, false);
   if (span) return span;
-  if (arena_small_spares_to_kept(arena, true) | arena_page_span_spare_to_kept(arena))
+  if (arena_small_spares_to_kept(arena) | arena_page_span_spare_to_kept(arena))
     return arena_take_span(arena, units, cls);
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
@@ -374,7 +374,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   size_t released = 0;
   arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
-  arena_small_spares_to_kept(arena, true);
+  arena_small_spares_to_kept(arena);
   arena_page_span_spare_to_kept(arena);
   unsigned keep = all ? 0 : arena_demand_at_tick(arena);   /* units the tick leaves resident */
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {

@@ -83,9 +83,9 @@ static inline void handed_over_push(void **list, void *first, void *last) {
 void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
 /* Move the arena's spare empty spans (arena.h) to the kept spans, where they age and are
- * purged, or serve another class, as those do: every small class's, or (all false) one;
- * the page spans' one. Return whether they moved one. */
-bool arena_small_spares_to_kept(fm_arena *arena, bool all);
+ * purged, or serve another class, as those do: the small classes', the page spans' one.
+ * Return whether they moved one. */
+bool arena_small_spares_to_kept(fm_arena *arena);
 bool arena_page_span_spare_to_kept(fm_arena *arena);
 
 /* Purge the free pages inside a partly used span (malloc_trim); return their bytes. */

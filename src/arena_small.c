@@ -159,16 +159,15 @@ static void span_flush_done(fm_arena *arena, fm_span *span) {
   *spare = span;   /* (the spare before has blocks out again: a partial span as any) */
 }
 
-bool arena_small_spares_to_kept(fm_arena *arena, bool all) {
+bool arena_small_spares_to_kept(fm_arena *arena) {
   bool moved = false;
   for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
     fm_span *span = arena->spare_span[cls];
-    if (!span) continue;
     arena->spare_span[cls] = NULL;
-    if (span->used) continue;
-    arena_span_emptied(arena, span);
-    moved = true;
-    if (!all) break;
+    if (span && !span->used) {
+      arena_span_emptied(arena, span);
+      moved = true;
+    }
   }
   return moved;
 }
