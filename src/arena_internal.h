@@ -82,6 +82,13 @@ static inline void handed_over_push(void **list, void *first, void *last) {
  * the arena. */
 void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
+/* Whether an empty span may stay as a spare (arena.h): only one in the lowest chunk with a
+ * free unit, or below it. A heap that shrank gathers in its lowest chunks while its spans
+ * cycle (arena_reuse_or_take_span), so that the others drain: a spare above would keep
+ * its chunk in use. */
+static inline bool arena_spare_may_stay(const fm_arena *arena, const fm_span *span) {
+  return !arena->chunks || chunk_of(span) <= arena->chunks;
+}
 /* Move the arena's spare empty spans (arena.h) to the kept spans, where they age and are
  * purged, or serve another class, as those do: the small classes', the page spans' one.
  * Return whether they moved one. */

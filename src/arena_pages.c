@@ -65,7 +65,8 @@ static void page_span_relist(fm_arena *arena, fm_span *span) {
   page_span_unlist(arena, span);
   if (longest == 0) return;
   if (longest == FM_PAGES_PER_UNIT) {
-    if (arena->spare_page_span) return arena_span_emptied(arena, span);
+    if (arena->spare_page_span || !arena_spare_may_stay(arena, span))
+      return arena_span_emptied(arena, span);
     arena->spare_page_span = span;
     return;
   }

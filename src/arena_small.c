@@ -155,7 +155,8 @@ static void span_flush_done(fm_arena *arena, fm_span *span) {
   if (!span || span->used) return;
   fm_span **spare = &arena->spare_span[span->cls];
   if (*spare == span) return;
-  if (*spare && !(*spare)->used) return arena_span_emptied(arena, span);
+  if ((*spare && !(*spare)->used) || !arena_spare_may_stay(arena, span))
+    return arena_span_emptied(arena, span);
   *spare = span;   /* (the spare before has blocks out again: a partial span as any) */
 }
 
