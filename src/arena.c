@@ -187,6 +187,21 @@ static fm_chunk *arena_new_chunk(fm_arena *arena) {
   return chunk;
 }
 
+/* Moves the spares that are empty to the kept spans, where they age and are purged, or
+ * serve another class, as those do; returns whether it moved one. */
+static bool arena_spares_to_kept(fm_arena *arena) {
+  bool moved = false;
+  for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
+    fm_span *span = arena->spare[cls];
+    arena->spare[cls] = NULL;
+    if (span && !span->used) {
+      arena_span_emptied(arena, span);
+      moved = true;
+    }
+  }
+  return moved;
+}
+
 /* Memory already resident first, so the heap grows its RSS only when it must: free units
  * still resident, then the empty spans other classes keep, one at a time, then untouched
  * or purged units, then empty page spans, then the spares (arena.h: each class's next
@@ -200,8 +215,7 @@ static fm_span *arena_take_span(fm_arena *arena, unsigned units, unsigned cls) {
   while (!span && arena_give_back_kept_span(arena, units, true))
     span = arena_find_span(arena, units, cls, false);
   if (span) return span;
-  if (arena_small_spares_to_kept(arena) | arena_page_span_spare_to_kept(arena))
-    return arena_take_span(arena, units, cls);
+  if (arena_spares_to_kept(arena)) return arena_take_span(arena, units, cls);
   fm_chunk *chunk = arena_new_chunk(arena);
   if (!chunk) return NULL;
   LIST_INSERT_BY_ADDRESS(&arena->chunks, chunk);
@@ -324,6 +338,14 @@ void arena_tick_all(void) {
   if (after_tick) after_tick();
 }
 
+void arena_span_emptied_or_spare(fm_arena *arena, fm_span *span) {
+  fm_span **spare = &arena->spare[span->cls];
+  if (*spare == span) return;
+  bool low = !arena->chunks || chunk_of(span) <= arena->chunks;
+  if ((*spare && !(*spare)->used) || !low) return arena_span_emptied(arena, span);
+  *spare = span;   /* (one with blocks out again is a partial span as any) */
+}
+
 void arena_unlock_after_free(fm_arena *arena, bool threaded) {
   bool ticked = arena_purge_tick(arena);
   lock_release(&arena->lock, threaded);
@@ -374,8 +396,7 @@ size_t arena_purge(fm_arena *arena, fm_purge how) {
   size_t released = 0;
   arena_free_handed_over_blocks(arena);
   arena_free_handed_over_page_blocks(arena);
-  arena_small_spares_to_kept(arena);
-  arena_page_span_spare_to_kept(arena);
+  arena_spares_to_kept(arena);
   unsigned keep = all ? 0 : arena_demand_at_tick(arena);   /* units the tick leaves resident */
   for (unsigned cls = 1; cls <= FM_CLASS_PAGES; cls++) {
     for (fm_span *span = arena->empty[cls], *next; span; span = next) {

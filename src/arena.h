@@ -27,15 +27,10 @@ typedef struct arena_counters {
 typedef struct fm_arena {
   lock_t lock;
   fm_span *partial[FM_NUM_SPAN_CLASSES + 1];   /* spans with a free block, per class */
-  /* Per class, a span that emptied and stays on its partial list (span_flush_done), or
-   * NULL; spare_page_span is the page spans' one. Spares go to the kept spans at the
-   * next purge tick, and before the arena maps a new chunk. */
-  fm_span *spare_span[FM_NUM_SPAN_CLASSES + 1];
   /* Partly used page spans by their longest free run: page_spans[n] holds those whose
    * longest is n pages (1 .. 15); bit n of page_span_runs says it holds one. */
   fm_span *page_spans[FM_PAGES_PER_UNIT];
   uint32_t page_span_runs;
-  fm_span *spare_page_span;   /* an empty page span off the lists (page_span_relist) */
   uint32_t page_frees;     /* frees of page blocks, for the purge tick's clock */
   /* Empty spans kept a while, in address order, per class; FM_CLASS_SPAN_BLOCK: freed span
    * blocks, so a malloc/free loop of them does not churn through the chunks;
@@ -43,6 +38,11 @@ typedef struct fm_arena {
   fm_span *empty[FM_CLASS_PAGES + 1];
   fm_span *empty_highest[FM_CLASS_PAGES + 1];   /* the last span of each such list */
   uint16_t empty_count[FM_CLASS_PAGES + 1];
+  /* Per class (size classes and FM_CLASS_PAGES), the spare: a span that emptied and is
+   * kept at hand for the class's next refill or page-block malloc, or NULL; a size
+   * class's stays on its partial list, and may have blocks out again since (then it is a
+   * partial span as any). See arena_span_emptied_or_spare. */
+  fm_span *spare[FM_CLASS_PAGES + 1];
   char *reserve, *reserve_end;   /* mapped, not yet used: the next chunks */
   fm_chunk *chunks;        /* chunks with a free unit, in address order */
   fm_chunk *full_chunks;   /* chunks without one: never searched */
@@ -96,15 +96,15 @@ void arena_tick_all(void);
  * (>= want), with FM_BLOCK_BOXED added: the blocks a consumer freed go back to its
  * producer's bin. Then, from the spans, the lowest block last: the bin, a stack, hands
  * them out in address order, so the nodes a program allocates one after the other lie
- * upward in memory, as its later walks over them go. A block that was handed out before in its
- * span's life went back through a path that wrote FM_FREED_MARK into its second word (or
- * its page was purged since, and it reads zero), and the caller checks that nothing wrote
- * there since (bin.h); one never handed out may hold anything (the span's units may have
- * served another class), and comes with FM_BLOCK_FRESH (bin.h) added to its address. With
- * zeroed (for calloc), when the first block reads zero (it was not handed out since its
- * span's units were zero), it is the only one taken, untagged, and *zeroed is set.
- * *took_span (when took_span is not NULL) says whether the batch took a span from the
- * chunks: a new one, not one its class kept. */
+ * upward in memory, as its later walks over them go. A block that was handed out before
+ * in its span's life went back through a path that wrote FM_FREED_MARK into its second
+ * word (or its page was purged since, and it reads zero), and the caller checks that
+ * nothing wrote there since (bin.h); one never handed out may hold anything (the span's
+ * units may have served another class), and comes with FM_BLOCK_FRESH (bin.h) added to
+ * its address. With zeroed (for calloc), when the first block reads zero (it was not
+ * handed out since its span's units were zero), it is the only one taken, untagged, and
+ * *zeroed is set. *took_span (when took_span is not NULL) says whether the batch took a
+ * span from the chunks: a new one, not one its class kept. */
 unsigned arena_alloc_batch(fm_arena *arena, unsigned cls, unsigned want, unsigned room, void **out,
                            bool *zeroed, bool *took_span);
 /* Gives back the n blocks listed in blocks[], each to the arena that owns it: one lock

@@ -63,6 +63,14 @@ void arena_count_dirty(fm_arena *arena, unsigned before, unsigned after);
 fm_span *arena_reuse_or_take_span(fm_arena *arena, unsigned cls, unsigned units);
 /* A span that has become empty: kept a while with its class, or given back to its chunk. */
 void arena_span_emptied(fm_arena *arena, fm_span *span);
+/* The same, but for the class's first span to empty, which stays at hand as its spare
+ * (arena.h) until the next purge tick, or until the arena would map a new chunk: a thread
+ * that frees the last blocks of a span and mallocs in the class again (threads that come
+ * and go with a few blocks each; page blocks of over half a unit replaced in turn) takes
+ * it back as it is. Only a span in or below the lowest chunk with a free unit is a spare:
+ * a heap that shrank gathers in its lowest chunks while its spans cycle
+ * (arena_reuse_or_take_span), so that the others drain. */
+void arena_span_emptied_or_spare(fm_arena *arena, fm_span *span);
 /* Moves a chunk whose units were taken or given back to the list it now belongs on. */
 void arena_relist_chunk(fm_arena *arena, fm_chunk *chunk, bool was_full);
 /* Ends a call that freed into the arena: the purge tick when one is due, then the unlock
@@ -82,18 +90,6 @@ static inline void handed_over_push(void **list, void *first, void *last) {
  * the arena. */
 void arena_free_handed_over_blocks(fm_arena *arena);
 void arena_free_handed_over_page_blocks(fm_arena *arena);
-/* Whether an empty span may stay as a spare (arena.h): only one in the lowest chunk with a
- * free unit, or below it. A heap that shrank gathers in its lowest chunks while its spans
- * cycle (arena_reuse_or_take_span), so that the others drain: a spare above would keep
- * its chunk in use. */
-static inline bool arena_spare_may_stay(const fm_arena *arena, const fm_span *span) {
-  return !arena->chunks || chunk_of(span) <= arena->chunks;
-}
-/* Move the arena's spare empty spans (arena.h) to the kept spans, where they age and are
- * purged, or serve another class, as those do: the small classes', the page spans' one.
- * Return whether they moved one. */
-bool arena_small_spares_to_kept(fm_arena *arena);
-bool arena_page_span_spare_to_kept(fm_arena *arena);
 
 /* Purge the free pages inside a partly used span (malloc_trim); return their bytes. */
 size_t arena_small_span_purge(fm_span *span);

@@ -53,10 +53,8 @@ static fm_always_inline void page_span_unlist(fm_arena *arena, fm_span *span) {
 }
 
 /* Moves a page span whose free pages changed to the list of its longest free run: none
- * when it has no free page. An empty one becomes the arena's spare, the next page-block
- * malloc that fits in no listed span takes it back, or goes to the kept spans when there
- * is a spare already: a program that frees and mallocs blocks of over half a unit in
- * turn empties a span at each free and needs one at the next malloc. */
+ * when it has no free page; an empty one goes off the lists, kept or as the page spans'
+ * spare (which the next page-block malloc that fits in no listed span takes). */
 static void page_span_relist(fm_arena *arena, fm_span *span) {
   fm_assert(!(span->free_pages & span->run_starts) && !(span->zeroed_pages & ~span->free_pages));
   fm_assert(span->used + (unsigned)__builtin_popcount(span->free_pages) == FM_PAGES_PER_UNIT);
@@ -64,12 +62,7 @@ static void page_span_relist(fm_arena *arena, fm_span *span) {
   if (longest == span->listed) return;
   page_span_unlist(arena, span);
   if (longest == 0) return;
-  if (longest == FM_PAGES_PER_UNIT) {
-    if (arena->spare_page_span || !arena_spare_may_stay(arena, span))
-      return arena_span_emptied(arena, span);
-    arena->spare_page_span = span;
-    return;
-  }
+  if (longest == FM_PAGES_PER_UNIT) return arena_span_emptied_or_spare(arena, span);
   LIST_PUSH(&arena->page_spans[longest], span);
   arena->page_span_runs |= 1u << longest;
   span->listed = (uint8_t)longest;
@@ -106,9 +99,9 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
   if (span) {
     uint32_t resident = starts & span->touched_starts;
     first = __builtin_ctz(resident ? resident : starts);
-  } else if (arena->spare_page_span) {
-    span = arena->spare_page_span;
-    arena->spare_page_span = NULL;
+  } else if (arena->spare[FM_CLASS_PAGES]) {
+    span = arena->spare[FM_CLASS_PAGES];
+    arena->spare[FM_CLASS_PAGES] = NULL;
   } else {
     span = arena_reuse_or_take_span(arena, FM_CLASS_PAGES, 1);
   }
@@ -126,14 +119,6 @@ void *arena_alloc_pages(fm_arena *arena, size_t size, size_t align, bool *zeroed
   }
   lock_release(&arena->lock, threaded);
   return p;
-}
-
-bool arena_page_span_spare_to_kept(fm_arena *arena) {
-  fm_span *span = arena->spare_page_span;
-  if (!span) return false;
-  arena->spare_page_span = NULL;
-  arena_span_emptied(arena, span);
-  return true;
 }
 
 /* Frees page block p of span, whose arena's lock the caller holds; returns 1, or 0 for a

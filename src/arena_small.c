@@ -147,30 +147,10 @@ static fm_always_inline void word_store(uint64_t *bits, uint32_t word_index, uin
   if (word_index != NO_WORD) bits[word_index] = word;
 }
 
-/* Ends a flush's visit to span: an emptied span goes to the kept spans, but for one a
- * class, which stays on its partial list until the next purge tick: a thread that frees
- * the last blocks of a span and mallocs in the class again (threads that come and go,
- * each with a few blocks) refills from it as it is. */
+/* Ends a flush's visit to span: an emptied one is kept, or stays on its partial list as
+ * its class's spare. */
 static void span_flush_done(fm_arena *arena, fm_span *span) {
-  if (!span || span->used) return;
-  fm_span **spare = &arena->spare_span[span->cls];
-  if (*spare == span) return;
-  if ((*spare && !(*spare)->used) || !arena_spare_may_stay(arena, span))
-    return arena_span_emptied(arena, span);
-  *spare = span;   /* (the spare before has blocks out again: a partial span as any) */
-}
-
-bool arena_small_spares_to_kept(fm_arena *arena) {
-  bool moved = false;
-  for (unsigned cls = 1; cls <= FM_NUM_SPAN_CLASSES; cls++) {
-    fm_span *span = arena->spare_span[cls];
-    arena->spare_span[cls] = NULL;
-    if (span && !span->used) {
-      arena_span_emptied(arena, span);
-      moved = true;
-    }
-  }
-  return moved;
+  if (span && span->used == 0) arena_span_emptied_or_spare(arena, span);
 }
 
 /* The span of a block a thread cache gives back. The cache took the block on the unit

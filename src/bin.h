@@ -27,11 +27,17 @@
 #include "diag.h"
 
 #define FM_FREED_MARK diag_key
-/* A page block handed to its arena by another arena's thread (arena_hand_over_page_block);
- * differs from FM_FREED_MARK in bit 1 alone. */
-#define FM_HANDED_OVER_MARK (diag_key ^ 2)
-/* A small block in its arena's box; differs from FM_FREED_MARK in bit 2 alone. */
-#define FM_BOXED_MARK (diag_key ^ 4)
+/* A page block handed to its arena by another arena's thread (arena_hand_over_page_block),
+ * and a small block in its arena's box: FM_FREED_MARK with one bit flipped. */
+#define FM_HANDED_OVER_BIT 2
+#define FM_HANDED_OVER_MARK (diag_key ^ FM_HANDED_OVER_BIT)
+#define FM_BOXED_BIT 4
+#define FM_BOXED_MARK (diag_key ^ FM_BOXED_BIT)
+
+/* Whether mark is FM_FREED_MARK, or that with `bit` flipped: one compare. */
+static fm_always_inline bool mark_freed_or(uintptr_t mark, uintptr_t bit) {
+  return (mark | bit) == (FM_FREED_MARK | bit);
+}
 
 /* Tags arena_alloc_batch adds to the addresses it hands a refill (arena.h): a block never
  * handed out in its span's life, which may hold anything, and a block from its arena's

@@ -657,7 +657,7 @@ fm_block_state tcache_block_state(void *p, unsigned cls) {
   if (!FM_FREE_MARK) return BLOCK_LIVE;
   void **mark = ((void **const *)p)[1];
   /* (a block in its span, or in its arena's box: the arena drains its boxes first) */
-  if (((uintptr_t)mark | 4) == (FM_FREED_MARK | 4))
+  if (mark_freed_or((uintptr_t)mark, FM_BOXED_BIT))
     return arena_small_is_free(p) ? BLOCK_FREE : BLOCK_LIVE;
   if ((uintptr_t)mark & (sizeof(void *) - 1)) return BLOCK_LIVE;   /* no slot's address */
   fm_tcache *tc = &tcache_tls;

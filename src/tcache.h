@@ -124,8 +124,7 @@ void *tcache_malloc_pages(size_t size);
  * or of what the arena was handed is not. */
 bool tcache_marked_page_block_is_free(void *p);
 static inline bool tcache_page_block_is_free(void *p) {
-  /* (the two marks differ in bit 1 only: one compare) */
-  return FM_FREE_MARK && (((const uintptr_t *)p)[1] | 2) == (FM_FREED_MARK | 2) &&
+  return FM_FREE_MARK && mark_freed_or(((const uintptr_t *)p)[1], FM_HANDED_OVER_BIT) &&
          tcache_marked_page_block_is_free(p);
 }
 
